@@ -1,0 +1,173 @@
+//! `lab up`: namespaces, veth cables, then each rank configured by `setup`'s own planner and
+//! the hostfile written from each rank's record. On any failure the half-built lab is torn
+//! down again before the error is returned.
+
+use std::path::PathBuf;
+
+use crate::addressing::fnv1a64;
+use crate::detect::Detector;
+use crate::error::{NetdevError, Result};
+use crate::hostfile::{Hostfile, local_record};
+use crate::inventory::HostIdentity;
+use crate::lab::state::{
+    LabState, hostfile_path, interface_name, is_lab_namespace, lab_dir, links_path, namespace_name,
+};
+use crate::lab::{LabTopology, check_name, down};
+use crate::links_file::{ExplicitLink, LinksFile};
+use crate::netlink::Netlink;
+use crate::netns;
+use crate::setup::{Roots, SetupOptions, apply, plan};
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    /// Lab name.
+    pub name: String,
+    /// Number of ranks (namespaces).
+    pub ranks: usize,
+    /// How they are cabled.
+    pub topology: LabTopology,
+    /// Cables between each pair of neighbours.
+    pub rails: u32,
+    /// veth MTU.
+    pub mtu: u32,
+    /// Replace an existing lab of the same name.
+    pub force: bool,
+}
+
+/// The identity rank `rank` of lab `name` gets: UUIDs sort in rank order, so the hostfile's
+/// rank numbers are the lab's.
+pub fn rank_identity(name: &str, rank: usize) -> HostIdentity {
+    let tag = fnv1a64(name.as_bytes()) as u32;
+    HostIdentity {
+        uuid: format!("{tag:08x}-0000-4000-8000-{rank:012x}"),
+        name: namespace_name(name, rank),
+    }
+}
+
+/// Builds the lab and returns the path of its hostfile.
+pub fn up(options: &LabOptions) -> Result<PathBuf> {
+    check_name(&options.name)?;
+    if options.rails == 0 || options.rails > 8 {
+        return Err(NetdevError::bad_input(
+            format!("--rails {} is out of range", options.rails),
+            "use 1 to 8 cables per neighbour",
+        ));
+    }
+    if !(68..=65_535).contains(&options.mtu) {
+        return Err(NetdevError::bad_input(
+            format!("--mtu {} is out of range for veth", options.mtu),
+            "use 68 to 65535 (default 65520)",
+        ));
+    }
+    let pairs = options.topology.neighbour_pairs(options.ranks)?;
+    if !nix::unistd::geteuid().is_root() {
+        return Err(NetdevError::NeedsRoot {
+            step: format!(
+                "lab up (create network namespaces for lab {})",
+                options.name
+            ),
+        });
+    }
+    if exists(&options.name)? {
+        if !options.force {
+            return Err(NetdevError::LabExists {
+                name: options.name.clone(),
+            });
+        }
+        down(&options.name)?;
+    }
+    let state = LabState {
+        name: options.name.clone(),
+        ranks: options.ranks,
+        topology: options.topology,
+        rails: options.rails,
+        mtu: options.mtu,
+        namespaces: (0..options.ranks)
+            .map(|k| namespace_name(&options.name, k))
+            .collect(),
+        status: "creating".into(),
+    };
+    // Written first, so `down` knows what to remove even if we die mid-way.
+    state.save()?;
+    match build(options, &pairs, &state) {
+        Ok(path) => {
+            LabState {
+                status: "up".into(),
+                ..state
+            }
+            .save()?;
+            Ok(path)
+        }
+        Err(error) => {
+            let _ = down(&options.name);
+            Err(error)
+        }
+    }
+}
+
+/// True when anything of lab `name` is present.
+pub fn exists(name: &str) -> Result<bool> {
+    Ok(LabState::load(name)?.is_some()
+        || lab_dir(name).exists()
+        || netns::list().iter().any(|ns| is_lab_namespace(name, ns)))
+}
+
+fn build(options: &LabOptions, pairs: &[(usize, usize)], state: &LabState) -> Result<PathBuf> {
+    for namespace in &state.namespaces {
+        netns::create(namespace)?;
+    }
+    let mut links: Vec<LinksFile> = (0..options.ranks)
+        .map(|k| LinksFile {
+            host: rank_identity(&options.name, k),
+            links: Vec::new(),
+        })
+        .collect();
+    let netlink = Netlink::open()?;
+    for &(a, b) in pairs {
+        let ns_a = netns::open(&state.namespaces[a])?;
+        let ns_b = netns::open(&state.namespaces[b])?;
+        for rail in 0..options.rails {
+            let (if_a, if_b) = (interface_name(b, rail), interface_name(a, rail));
+            use std::os::fd::AsFd;
+            netlink.add_veth_between(&if_a, ns_a.as_fd(), &if_b, ns_b.as_fd(), options.mtu)?;
+            for (from, to, interface) in [(a, b, if_a), (b, a, if_b)] {
+                let peer = rank_identity(&options.name, to);
+                links[from].links.push(ExplicitLink {
+                    interface,
+                    peer,
+                    rail,
+                    mtu: Some(options.mtu),
+                });
+            }
+        }
+    }
+    let mut records = Vec::new();
+    for (rank, file) in links.iter().enumerate() {
+        file.save(&links_path(&options.name, rank))?;
+        let record = netns::run_in(&state.namespaces[rank], || {
+            Netlink::open()?.set_up("lo")?;
+            configure_rank(file)
+        })?;
+        records.push(record);
+    }
+    let hostfile = Hostfile::from_records(&records)?;
+    let path = hostfile_path(&options.name);
+    hostfile.save(&path)?;
+    Ok(path)
+}
+
+/// Configures the calling thread's namespace exactly as `tbrdma setup --links FILE` would.
+fn configure_rank(file: &LinksFile) -> Result<crate::hostfile::HostRecord> {
+    let mut detector = Detector::new("/sys");
+    detector.links_file = Some(file.clone());
+    let inventory = detector.detect()?;
+    let options = SetupOptions::default();
+    let plan = plan(&inventory, &options)?;
+    let roots = Roots {
+        proc_root: &options.proc_root,
+        sysfs_root: &detector.sysfs_root,
+    };
+    apply(&plan, &roots)?;
+    local_record(&inventory)
+}

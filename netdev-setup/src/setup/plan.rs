@@ -1,0 +1,290 @@
+//! The plan: the list of changes that would bring this host's links and kernel settings to
+//! what tbrdma wants. Computing it reads state and changes nothing; an empty plan means the
+//! host is already set up, which is what makes `setup` idempotent.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use crate::cables::{Cable, cables};
+use crate::error::Result;
+use crate::inventory::Inventory;
+use crate::setup::persist::{Persist, persist_files};
+use crate::setup::tuning::{INTERFACE_KNOBS, SYSCTLS};
+
+/// One change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Set `IFF_UP`.
+    LinkUp {
+        /// Interface.
+        interface: String,
+    },
+    /// Change the MTU.
+    SetMtu {
+        /// Interface.
+        interface: String,
+        /// Current MTU.
+        from: u32,
+        /// New MTU.
+        to: u32,
+    },
+    /// Add the cable's point-to-point address.
+    AddAddress {
+        /// Interface.
+        interface: String,
+        /// This end's address.
+        address: Ipv4Addr,
+        /// Prefix length.
+        prefix_len: u8,
+        /// The other end's address, for the reader.
+        peer_address: Ipv4Addr,
+        /// The other end's host name, for the reader.
+        peer_name: String,
+    },
+    /// Write a sysctl.
+    Sysctl {
+        /// Dotted key.
+        key: String,
+        /// Current value.
+        from: u64,
+        /// New value.
+        to: u64,
+    },
+    /// Write a per-interface sysfs knob.
+    InterfaceKnob {
+        /// Interface.
+        interface: String,
+        /// File name under `class/net/IFACE/`.
+        knob: String,
+        /// Current value.
+        from: u64,
+        /// New value.
+        to: u64,
+    },
+    /// Write a persistent configuration file.
+    WriteFile {
+        /// Absolute path.
+        path: PathBuf,
+        /// Full contents.
+        contents: String,
+    },
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::LinkUp { interface } => write!(f, "bring {interface} up"),
+            Step::SetMtu {
+                interface,
+                from,
+                to,
+            } => {
+                write!(f, "set MTU of {interface}: {from} -> {to}")
+            }
+            Step::AddAddress {
+                interface,
+                address,
+                prefix_len,
+                peer_address,
+                peer_name,
+            } => write!(
+                f,
+                "add {address}/{prefix_len} to {interface} (peer {peer_name} at {peer_address})"
+            ),
+            Step::Sysctl { key, from, to } => write!(f, "set {key}: {from} -> {to}"),
+            Step::InterfaceKnob {
+                interface,
+                knob,
+                from,
+                to,
+            } => {
+                write!(f, "set {interface} {knob}: {from} -> {to}")
+            }
+            Step::WriteFile { path, .. } => write!(f, "write {}", path.display()),
+        }
+    }
+}
+
+/// What to plan for.
+#[derive(Debug, Clone)]
+pub struct SetupOptions {
+    /// MTU to set on every link instead of the driver's maximum.
+    pub mtu: Option<u32>,
+    /// Also write persistent configuration.
+    pub persist: Option<Persist>,
+    /// Where `/proc` is (tests use a fake one).
+    pub proc_root: PathBuf,
+    /// Root under which persistent files are written (`/` normally).
+    pub persist_root: PathBuf,
+}
+
+impl Default for SetupOptions {
+    fn default() -> Self {
+        Self {
+            mtu: None,
+            persist: None,
+            proc_root: PathBuf::from("/proc"),
+            persist_root: PathBuf::from("/"),
+        }
+    }
+}
+
+/// The changes, plus notes on what was deliberately left alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Changes in the order they are applied.
+    pub steps: Vec<Step>,
+    /// Things the reader should know (skipped settings, foreign addresses).
+    pub notes: Vec<String>,
+}
+
+impl Plan {
+    /// True when nothing needs to change.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.steps.is_empty() {
+            writeln!(f, "plan: nothing to do")?;
+        } else {
+            writeln!(f, "plan ({} steps):", self.steps.len())?;
+            for (i, step) in self.steps.iter().enumerate() {
+                writeln!(f, "  {:>2}. {step}", i + 1)?;
+            }
+        }
+        for note in &self.notes {
+            writeln!(f, "  note: {note}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Computes the plan for `inventory`, reading current kernel settings under
+/// `options.proc_root` and the sysfs values already in the inventory.
+pub fn plan(inventory: &Inventory, options: &SetupOptions) -> Result<Plan> {
+    let mut plan = Plan::default();
+    if inventory.links.is_empty() {
+        plan.notes.push(
+            "no Thunderbolt links found: check the cable, `modprobe thunderbolt-net`, and `boltctl` authorisation (docs/setup.md)"
+                .into(),
+        );
+        return Ok(plan);
+    }
+    let cables = cables(inventory)?;
+    for link in &inventory.links {
+        if !link.admin_up {
+            plan.steps.push(Step::LinkUp {
+                interface: link.interface.clone(),
+            });
+        }
+        if let Some(to) = options.mtu.or(link.target_mtu) {
+            if link.mtu != to {
+                plan.steps.push(Step::SetMtu {
+                    interface: link.interface.clone(),
+                    from: link.mtu,
+                    to,
+                });
+            }
+        }
+        match cables.iter().find(|c| c.interface == link.interface) {
+            Some(cable) => plan_address(&mut plan, link, cable),
+            None => plan.notes.push(format!(
+                "{}: peer unknown, no address assigned (name it in a links file)",
+                link.interface
+            )),
+        }
+    }
+    plan_sysctls(&mut plan, &options.proc_root);
+    for link in &inventory.links {
+        for &(knob, value) in INTERFACE_KNOBS {
+            let current = match knob {
+                "napi_defer_hard_irqs" => link.napi_defer_hard_irqs,
+                _ => link.gro_flush_timeout,
+            };
+            match current {
+                Some(from) if from != value => plan.steps.push(Step::InterfaceKnob {
+                    interface: link.interface.clone(),
+                    knob: knob.into(),
+                    from,
+                    to: value,
+                }),
+                Some(_) => {}
+                None => plan.notes.push(format!(
+                    "{}: no {knob} in sysfs (kernel older than 5.9?), skipped",
+                    link.interface
+                )),
+            }
+        }
+    }
+    if let Some(persist) = options.persist {
+        for (path, contents) in persist_files(persist, inventory, &cables, options)? {
+            let path = options
+                .persist_root
+                .join(path.strip_prefix("/").unwrap_or(&path));
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(contents.as_str()) {
+                plan.steps.push(Step::WriteFile { path, contents });
+            }
+        }
+    }
+    Ok(plan)
+}
+
+fn plan_address(plan: &mut Plan, link: &crate::inventory::Link, cable: &Cable) {
+    let wanted = (cable.addresses.local, crate::addressing::PREFIX_LEN);
+    if !link.addresses.contains(&wanted) {
+        plan.steps.push(Step::AddAddress {
+            interface: link.interface.clone(),
+            address: wanted.0,
+            prefix_len: wanted.1,
+            peer_address: cable.addresses.peer,
+            peer_name: cable.peer.name.clone(),
+        });
+    }
+    for &(address, prefix) in &link.addresses {
+        if (address, prefix) != wanted {
+            plan.notes.push(format!(
+                "{}: also has {address}/{prefix}, not from this plan; left alone",
+                link.interface
+            ));
+        }
+    }
+}
+
+fn plan_sysctls(plan: &mut Plan, proc_root: &Path) {
+    for target in SYSCTLS {
+        let path = proc_root.join("sys").join(target.relative_path());
+        match read_u64(&path) {
+            Some(current) if !target.satisfied_by(current) && !is_writable(&path) => {
+                plan.notes.push(format!(
+                    "{} is {current}, but host-wide and read-only here (a network namespace?): set it from the host",
+                    target.key
+                ))
+            }
+            Some(current) if !target.satisfied_by(current) => plan.steps.push(Step::Sysctl {
+                key: target.key.into(),
+                from: current,
+                to: target.value,
+            }),
+            Some(_) => {}
+            None => plan.notes.push(format!(
+                "{} is not visible here (host-wide, and this is a network namespace?): skipped",
+                target.key
+            )),
+        }
+    }
+}
+
+/// Child network namespaces show some host-wide sysctls read-only (mode 0444).
+fn is_writable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o222 != 0)
+}
+
+/// Reads a file holding one unsigned number.
+pub fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}

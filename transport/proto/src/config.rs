@@ -1,0 +1,84 @@
+//! Per-connection configuration: sizes, windows, timers and retry budgets, with the defaults a
+//! thunderbolt-net link wants. Every timer is here so the simulator can compress or stretch it.
+
+use std::time::Duration;
+
+use crate::wire::MAX_HEADER_LEN;
+
+/// Configuration of one connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Largest datagram the path carries (the link MTU minus IP and UDP headers). The payload
+    /// per packet is this minus [`MAX_HEADER_LEN`], and the smaller of the two sides' wins.
+    pub max_datagram: usize,
+    /// Packets this side accepts beyond its cumulative acknowledgement (the receive window it
+    /// advertises). Bounded by what the socket buffer holds: window × datagram ≤ rcvbuf.
+    pub window: u32,
+    /// Retransmission timeout before any backoff.
+    pub initial_rto: Duration,
+    /// Ceiling of the exponential backoff.
+    pub max_rto: Duration,
+    /// Consecutive timeouts without progress before the connection fails with
+    /// [`crate::WcStatus::RetryExceeded`] (verbs `retry_cnt`, which allows at most 7).
+    pub max_retries: u32,
+    /// How long a SEND waits after a receiver-not-ready NAK before retrying (verbs
+    /// `min_rnr_timer`).
+    pub rnr_delay: Duration,
+    /// Receiver-not-ready retries before [`crate::WcStatus::RnrRetryExceeded`]. Unlike verbs,
+    /// 7 does not mean "forever": the budget is always bounded.
+    pub max_rnr_retries: u32,
+    /// Idle time after which a keep-alive probe is sent.
+    pub keepalive_interval: Duration,
+    /// Silence from the peer, with nothing outstanding, after which the connection fails.
+    pub idle_timeout: Duration,
+    /// Send an acknowledgement at least every this many packets received.
+    pub ack_every: u32,
+    /// Maximum outstanding send-queue requests (`max_send_wr`).
+    pub max_send_wr: usize,
+    /// Maximum posted receives (`max_recv_wr`).
+    pub max_recv_wr: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            // MTU 65520 (thunderbolt-net's maximum is 65522) minus 20 (IPv4) and 8 (UDP).
+            max_datagram: 65520 - 28,
+            window: 128,
+            // Round trips on a cable are ~10-50 µs; 1 ms leaves room for scheduling delays on a
+            // busy 2-core host without spurious retransmissions.
+            initial_rto: Duration::from_millis(1),
+            max_rto: Duration::from_millis(100),
+            max_retries: 7,
+            rnr_delay: Duration::from_micros(100),
+            max_rnr_retries: 7,
+            keepalive_interval: Duration::from_millis(500),
+            idle_timeout: Duration::from_secs(3),
+            ack_every: 16,
+            max_send_wr: 1024,
+            max_recv_wr: 1024,
+        }
+    }
+}
+
+impl Config {
+    /// Payload bytes per packet this side offers.
+    pub fn max_payload(&self) -> u32 {
+        self.max_datagram
+            .saturating_sub(MAX_HEADER_LEN)
+            .clamp(1, u16::MAX as usize) as u32
+    }
+
+    /// The longest the retransmission budget can last: the sum of every backed-off timeout.
+    /// A request to a peer that vanished completes with an error no later than this after the
+    /// last sign of life.
+    pub fn retry_budget(&self) -> Duration {
+        let mut total = Duration::ZERO;
+        let mut rto = self.initial_rto;
+        for _ in 0..=self.max_retries {
+            total += rto;
+            rto = (rto * 2).min(self.max_rto);
+        }
+        total
+    }
+}

@@ -1,0 +1,752 @@
+//! The reliable connection (queue pair) as a sans-IO state machine.
+//!
+//! Each side of a connection runs one reliable, ordered packet stream towards the other. That
+//! stream carries the side's own requests (SEND, WRITE, READ_REQUEST, atomics) *and* its
+//! responses to the peer's requests (READ_RESPONSE, ATOMIC_RESPONSE, FATAL_NAK), so one
+//! mechanism (PSNs, cumulative + selective ACKs, retransmission with backoff, a window) makes
+//! all of them reliable. Consequences worth knowing:
+//!
+//! - A request is executed when the responder reaches it *in order*; a retransmitted request
+//!   arrives as a duplicate PSN and is dropped, so an atomic runs exactly once, and its saved
+//!   result is the ATOMIC_RESPONSE waiting in the responder's retransmission queue.
+//! - The packets of the message that holds the next expected PSN are placed as they arrive, in
+//!   any order (the segments of one message never overlap). A packet of a *later* message that
+//!   arrives early is dropped and NAKed, because placing it could reorder overlapping writes.
+//! - Requester failures (retry exceeded, receiver not ready) are decided locally; responder
+//!   failures go back as a sequenced FATAL_NAK, so everything before it completes normally.
+//!
+//! Files: `tx.rs` owns the outgoing stream, `rx.rs` the incoming stream and the responder,
+//! `sq.rs` completion order, `timers.rs` deadlines.
+
+mod rx;
+mod sq;
+mod tx;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::config::Config;
+use crate::memory::{Access, Memory};
+use crate::seq::Psn;
+use crate::time::Time;
+use crate::wire::{self, ErrorCode, Ext, Handshake, Header, Opcode};
+use crate::work::{PostError, Queue, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+
+use rx::RxStream;
+use sq::{SendQueue, SqEntry};
+use tx::{TimeoutAction, TxStream};
+
+/// Which side opened the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Sends CONNECT (the rdma_cm client).
+    Active,
+    /// Answers CONNECT with ACCEPT (the rdma_cm server).
+    Passive,
+}
+
+/// The connection's life cycle (a simplification of the verbs QP states).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnectionState {
+    /// Handshake in progress; posted requests wait.
+    Connecting,
+    /// Ready to send (verbs RTS).
+    Established,
+    /// This side refused a peer request and is delivering the FATAL_NAK before failing.
+    Draining,
+    /// Failed: every request has completed or been flushed, new ones are flushed (verbs ERR).
+    Error,
+    /// Closed by the application.
+    Closed,
+}
+
+/// Why a connection failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+pub enum ConnectionError {
+    /// The peer never answered CONNECT.
+    #[error(
+        "no answer to CONNECT within the retry budget (is the peer listening, is the link up?)"
+    )]
+    ConnectTimeout,
+    /// The peer stopped acknowledging.
+    #[error("the peer stopped answering: retry count exceeded")]
+    RetryExceeded,
+    /// The peer kept having no receive posted for our SEND.
+    #[error("the peer had no receive posted within the receiver-not-ready retry budget")]
+    RnrRetryExceeded,
+    /// Nothing was heard from the peer for the idle timeout.
+    #[error("nothing heard from the peer within the idle timeout")]
+    PeerSilent,
+    /// The peer closed the connection.
+    #[error("the peer closed the connection")]
+    ClosedByPeer,
+    /// A local buffer failed its protection check.
+    #[error("a work request named a local buffer outside its region or without permission")]
+    LocalProtection,
+    /// The peer refused one of our requests.
+    #[error("the peer refused a request: {0:?}")]
+    RequestRefused(WcStatus),
+    /// We refused one of the peer's requests.
+    #[error("refused a request from the peer: {0:?}")]
+    PeerRequestRefused(ErrorCode),
+}
+
+/// Something the application may want to know about the connection itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The handshake finished.
+    Established,
+    /// The connection failed; outstanding requests have completed with errors.
+    Failed(ConnectionError),
+    /// The application closed the connection.
+    Closed,
+}
+
+/// Counters for diagnostics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Datagrams handed out by `poll_transmit`.
+    pub packets_sent: u64,
+    /// Datagrams that passed decoding and addressing.
+    pub packets_received: u64,
+    /// Sequenced packets sent again.
+    pub retransmits: u64,
+    /// Retransmission timeouts that fired.
+    pub timeouts: u64,
+    /// Datagrams that failed the CRC.
+    pub corrupted: u64,
+    /// Datagrams that failed to decode for another reason.
+    pub malformed: u64,
+    /// Datagrams with the wrong token or queue pair number.
+    pub foreign: u64,
+    /// Sequenced packets that had already arrived.
+    pub duplicates: u64,
+    /// Packets of a later message dropped because an earlier one was incomplete.
+    pub out_of_order_dropped: u64,
+    /// Packets placed ahead of a gap inside their message.
+    pub out_of_order_placed: u64,
+    /// Receiver-not-ready NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// Sequence-error NAKs sent.
+    pub seq_naks_sent: u64,
+    /// Explicit ACK packets sent.
+    pub acks_sent: u64,
+}
+
+/// What the connection manager agreed on before the handshake: who is who, and the secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectParams {
+    /// Random session token; every packet carries it and packets without it are ignored.
+    pub token: u64,
+    /// This side's queue pair number.
+    pub local_qpn: u32,
+    /// The peer's queue pair number.
+    pub remote_qpn: u32,
+    /// First PSN of this side's stream (random, so stale packets of an earlier connection
+    /// between the same queue pairs do not fit).
+    pub initial_psn: Psn,
+}
+
+/// Control packets waiting to go out.
+#[derive(Debug, Default)]
+struct PendingControl {
+    handshake: bool,
+    close: bool,
+    keepalive: bool,
+}
+
+/// One reliable connection. See the module documentation.
+#[derive(Debug)]
+pub struct Connection {
+    config: Config,
+    role: Role,
+    params: ConnectParams,
+    state: ConnectionState,
+    /// Payload bytes per packet, agreed in the handshake.
+    max_payload: u32,
+    tx: TxStream,
+    rx: RxStream,
+    sq: SendQueue,
+    rq: VecDeque<RecvWr>,
+    completions: VecDeque<WorkCompletion>,
+    events: VecDeque<Event>,
+    control: PendingControl,
+    /// Handshake retransmission deadline and attempts so far.
+    handshake_deadline: Option<Time>,
+    handshake_attempts: u32,
+    last_heard: Time,
+    keepalive_sent: Option<Time>,
+    /// Why we refused a peer request, while draining.
+    refused: Option<ErrorCode>,
+    stats: Stats,
+}
+
+impl Connection {
+    /// The active side: sends CONNECT at the first `poll_transmit`.
+    pub fn connect(config: Config, params: ConnectParams, now: Time) -> Connection {
+        let mut conn = Connection::new(config, Role::Active, params, now);
+        conn.control.handshake = true;
+        conn
+    }
+
+    /// The passive side: waits for the peer's CONNECT.
+    pub fn accept(config: Config, params: ConnectParams, now: Time) -> Connection {
+        let mut conn = Connection::new(config, Role::Passive, params, now);
+        conn.handshake_deadline = Some(now + conn.config.idle_timeout);
+        conn
+    }
+
+    fn new(config: Config, role: Role, params: ConnectParams, now: Time) -> Connection {
+        let max_payload = config.max_payload();
+        let tx = TxStream::new(params.initial_psn, &config);
+        Connection {
+            max_payload,
+            tx,
+            rx: RxStream::new(),
+            sq: SendQueue::default(),
+            rq: VecDeque::new(),
+            completions: VecDeque::new(),
+            events: VecDeque::new(),
+            control: PendingControl::default(),
+            handshake_deadline: None,
+            handshake_attempts: 0,
+            last_heard: now,
+            keepalive_sent: None,
+            refused: None,
+            stats: Stats::default(),
+            config,
+            role,
+            params,
+            state: ConnectionState::Connecting,
+        }
+    }
+
+    /// The connection's state.
+    pub fn state(&self) -> ConnectionState {
+        self.state
+    }
+
+    /// Which side this is.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The parameters it was created with.
+    pub fn params(&self) -> &ConnectParams {
+        &self.params
+    }
+
+    /// Payload bytes per packet (agreed in the handshake; this side's offer before it).
+    pub fn max_payload(&self) -> u32 {
+        self.max_payload
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Requests posted to the send queue and not yet completed.
+    pub fn outstanding_sends(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// Receives posted and not yet consumed.
+    pub fn posted_recvs(&self) -> usize {
+        self.rq.len()
+    }
+
+    /// Whether nothing is waiting: no request outstanding, nothing unacknowledged either way.
+    pub fn is_idle(&self) -> bool {
+        self.sq.is_empty() && self.tx.is_empty() && !self.rx.ack_needed()
+    }
+
+    /// Posts a send-queue request (`ibv_post_send` with one work request).
+    ///
+    /// An accepted request always completes exactly once through [`Self::poll_completion`].
+    /// A request whose local buffer fails its check completes with
+    /// [`WcStatus::LocalProtection`] when it reaches the head of the queue, and the connection
+    /// fails, as verbs does; on a failed or closed connection requests complete with
+    /// [`WcStatus::Flushed`].
+    pub fn post_send<M: Memory + ?Sized>(&mut self, wr: SendWr, mem: &M) -> Result<(), PostError> {
+        if matches!(wr.op, SendOp::FetchAdd { .. } | SendOp::CmpSwap { .. }) && wr.local.len != 8 {
+            return Err(PostError::Invalid(
+                "an atomic's local buffer must be exactly 8 bytes",
+            ));
+        }
+        if !self.accepts_posts() {
+            self.completions.push_back(WorkCompletion {
+                wr_id: wr.wr_id,
+                queue: Queue::Send,
+                status: WcStatus::Flushed,
+                opcode: wr.op.completion_opcode(),
+                byte_len: 0,
+                imm: None,
+            });
+            return Ok(());
+        }
+        if self.sq.len() >= self.config.max_send_wr {
+            return Err(PostError::QueueFull {
+                queue: Queue::Send,
+                depth: self.config.max_send_wr,
+            });
+        }
+        let needed = match wr.op {
+            SendOp::Send { .. } | SendOp::Write { .. } | SendOp::WriteWithImm { .. } => {
+                Access::empty()
+            }
+            _ => Access::LOCAL_WRITE,
+        };
+        let local = if wr.local.len == 0 {
+            Ok(None)
+        } else {
+            mem.table()
+                .check_local(wr.local.lkey, wr.local.addr, wr.local.len, needed)
+                .map(Some)
+        };
+        let entry = SqEntry::new(wr, local.ok().flatten(), local.is_err());
+        self.sq.push(entry);
+        if self.state == ConnectionState::Established {
+            self.enqueue_posted();
+        }
+        Ok(())
+    }
+
+    /// Posts a receive buffer (`ibv_post_recv`). Its key is checked when a message arrives for
+    /// it; a bad key then completes it with [`WcStatus::LocalProtection`].
+    pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if !self.accepts_posts() {
+            self.completions.push_back(WorkCompletion {
+                wr_id: wr.wr_id,
+                queue: Queue::Recv,
+                status: WcStatus::Flushed,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+            });
+            return Ok(());
+        }
+        if self.rq.len() >= self.config.max_recv_wr {
+            return Err(PostError::QueueFull {
+                queue: Queue::Recv,
+                depth: self.config.max_recv_wr,
+            });
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    fn accepts_posts(&self) -> bool {
+        matches!(
+            self.state,
+            ConnectionState::Connecting | ConnectionState::Established
+        )
+    }
+
+    /// Closes the connection: outstanding requests are flushed and a CLOSE goes to the peer.
+    pub fn close(&mut self, now: Time) {
+        if matches!(self.state, ConnectionState::Error | ConnectionState::Closed) {
+            return;
+        }
+        let _ = now;
+        self.flush_all(None);
+        self.state = ConnectionState::Closed;
+        self.control.close = true;
+        self.events.push_back(Event::Closed);
+    }
+
+    /// The next work completion, in post order per queue.
+    pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
+        self.completions.pop_front()
+    }
+
+    /// The next connection event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Processes one datagram received from the peer. Anything that does not decode, carries
+    /// the wrong token or queue pair, or makes no sense in the current state is dropped and
+    /// counted; nothing a peer sends can make this panic.
+    pub fn handle_datagram<M: Memory + ?Sized>(&mut self, now: Time, datagram: &[u8], mem: &mut M) {
+        let packet = match wire::decode(datagram) {
+            Ok(packet) => packet,
+            Err(wire::DecodeError::BadCrc) => {
+                self.stats.corrupted += 1;
+                return;
+            }
+            Err(_) => {
+                self.stats.malformed += 1;
+                return;
+            }
+        };
+        let header = packet.header;
+        if header.token != self.params.token || header.dest_qpn != self.params.local_qpn {
+            self.stats.foreign += 1;
+            return;
+        }
+        self.stats.packets_received += 1;
+        match self.state {
+            ConnectionState::Connecting => self.handle_handshake(now, &packet.ext),
+            ConnectionState::Established | ConnectionState::Draining => {
+                self.last_heard = now;
+                self.keepalive_sent = None;
+                if let Ext::Connect(_) = packet.ext {
+                    // Our ACCEPT was lost: say it again.
+                    if self.role == Role::Passive {
+                        self.control.handshake = true;
+                    }
+                    return;
+                }
+                if let Ext::Close { .. } = packet.ext {
+                    self.fail(None, ConnectionError::ClosedByPeer);
+                    return;
+                }
+                if header.ack_valid() {
+                    self.on_ack_psn(now, header.ack_psn);
+                }
+                self.handle_established(now, &header, &packet.ext, packet.payload, mem);
+                self.after_progress(now);
+            }
+            ConnectionState::Error | ConnectionState::Closed => {
+                // Tell a peer that still talks to us that we are gone, so it fails fast.
+                if !matches!(packet.ext, Ext::Close { .. }) {
+                    self.control.close = true;
+                }
+            }
+        }
+    }
+
+    fn handle_handshake(&mut self, now: Time, ext: &Ext) {
+        let peer = match (self.role, ext) {
+            (Role::Passive, Ext::Connect(h)) | (Role::Active, Ext::Accept(h)) => *h,
+            _ => return,
+        };
+        if peer.src_qpn != self.params.remote_qpn || peer.max_payload == 0 || peer.window == 0 {
+            self.stats.malformed += 1;
+            return;
+        }
+        self.last_heard = now;
+        self.max_payload = self.max_payload.min(peer.max_payload);
+        self.tx.set_peer_window(peer.window);
+        self.rx.start(peer.initial_psn);
+        self.state = ConnectionState::Established;
+        self.handshake_deadline = None;
+        // The passive side answers; the active side is done.
+        self.control.handshake = self.role == Role::Passive;
+        self.events.push_back(Event::Established);
+        self.enqueue_posted();
+    }
+
+    fn handshake_params(&self) -> Handshake {
+        Handshake {
+            src_qpn: self.params.local_qpn,
+            initial_psn: self.params.initial_psn,
+            max_payload: self.config.max_payload(),
+            window: self.config.window,
+        }
+    }
+
+    /// Processes expired deadlines. Call it when the time from [`Self::poll_timeout`] has come
+    /// (calling it early or late is harmless).
+    pub fn handle_timeout(&mut self, now: Time) {
+        match self.state {
+            ConnectionState::Connecting => {
+                if self.handshake_deadline.is_some_and(|d| d <= now) {
+                    match self.role {
+                        Role::Passive => self.fail(None, ConnectionError::ConnectTimeout),
+                        Role::Active => {
+                            self.handshake_attempts += 1;
+                            if self.handshake_attempts > self.config.max_retries {
+                                self.fail(None, ConnectionError::ConnectTimeout);
+                            } else {
+                                self.control.handshake = true;
+                                self.handshake_deadline = None;
+                            }
+                        }
+                    }
+                }
+            }
+            ConnectionState::Established | ConnectionState::Draining => {
+                if now >= self.last_heard + self.config.idle_timeout {
+                    self.fail(Some(WcStatus::RetryExceeded), ConnectionError::PeerSilent);
+                    return;
+                }
+                self.on_tx_timeout(now);
+                if self.state == ConnectionState::Established
+                    && self.tx.rto_deadline().is_none()
+                    && now >= self.keepalive_due()
+                {
+                    self.control.keepalive = true;
+                    self.keepalive_sent = Some(now);
+                }
+            }
+            ConnectionState::Error | ConnectionState::Closed => {}
+        }
+    }
+
+    fn keepalive_due(&self) -> Time {
+        self.keepalive_sent.unwrap_or(self.last_heard) + self.config.keepalive_interval
+    }
+
+    /// The earliest time [`Self::handle_timeout`] has something to do, if any.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        match self.state {
+            ConnectionState::Connecting => self.handshake_deadline,
+            ConnectionState::Established | ConnectionState::Draining => {
+                let idle = self.last_heard + self.config.idle_timeout;
+                let mut deadline = idle;
+                if let Some(t) = self.tx.next_deadline() {
+                    deadline = deadline.min(t);
+                } else if self.state == ConnectionState::Established {
+                    deadline = deadline.min(self.keepalive_due());
+                }
+                Some(deadline)
+            }
+            ConnectionState::Error | ConnectionState::Closed => None,
+        }
+    }
+
+    /// Writes the next datagram to send into `buf` and returns its length, or `None` when
+    /// nothing is due. Call it until it returns `None` after every `handle_*` or `post_*`.
+    ///
+    /// # Panics
+    /// If `buf` is shorter than `config.max_datagram` (a programming error of the caller).
+    pub fn poll_transmit<M: Memory + ?Sized>(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+        mem: &M,
+    ) -> Option<usize> {
+        assert!(
+            buf.len()
+                >= self
+                    .config
+                    .max_datagram
+                    .min(wire::MAX_HEADER_LEN + self.max_payload as usize),
+            "poll_transmit needs a buffer of at least config.max_datagram bytes"
+        );
+        let len = self.next_datagram(now, buf, mem)?;
+        self.stats.packets_sent += 1;
+        Some(len)
+    }
+
+    fn next_datagram<M: Memory + ?Sized>(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+        mem: &M,
+    ) -> Option<usize> {
+        if self.control.handshake {
+            self.control.handshake = false;
+            let h = self.handshake_params();
+            let ext = if self.role == Role::Active {
+                Ext::Connect(h)
+            } else {
+                Ext::Accept(h)
+            };
+            if self.role == Role::Active {
+                let backoff =
+                    self.config.initial_rto * 2u32.saturating_pow(self.handshake_attempts);
+                self.handshake_deadline = Some(now + backoff.min(self.config.max_rto));
+            }
+            return Some(self.control_packet(buf, ext));
+        }
+        if self.control.close {
+            self.control.close = false;
+            return Some(self.control_packet(buf, Ext::Close { reason: 0 }));
+        }
+        if !matches!(
+            self.state,
+            ConnectionState::Established | ConnectionState::Draining
+        ) {
+            return None;
+        }
+        if let Some(nak) = self.rx.take_nak() {
+            return Some(self.control_packet(buf, nak));
+        }
+        if let Some(len) = self.transmit_sequenced(now, buf, mem) {
+            return Some(len);
+        }
+        if self.rx.ack_needed() {
+            self.stats.acks_sent += 1;
+            let ext = self.rx.take_ack(self.config.window);
+            return Some(self.control_packet(buf, ext));
+        }
+        if self.control.keepalive {
+            self.control.keepalive = false;
+            return Some(self.control_packet(buf, Ext::KeepAlive));
+        }
+        None
+    }
+
+    fn header(&self, opcode: Opcode, psn: Psn, flags: u16) -> Header {
+        let ack_flag = if self.rx.started() {
+            wire::FLAG_ACK_VALID
+        } else {
+            0
+        };
+        Header {
+            opcode,
+            token: self.params.token,
+            dest_qpn: self.params.remote_qpn,
+            psn,
+            ack_psn: self.rx.expected(),
+            flags: flags | ack_flag,
+        }
+    }
+
+    fn control_packet(&mut self, buf: &mut [u8], ext: Ext) -> usize {
+        let header = self.header(ext.opcode(), self.tx.next_psn(), 0);
+        let len = wire::write_header(buf, &header, &ext, 0);
+        wire::seal(&mut buf[..len]);
+        len
+    }
+
+    /// Moves posted requests into the outgoing stream once the connection is established.
+    fn enqueue_posted(&mut self) {
+        let max_payload = self.max_payload;
+        for entry in self.sq.unqueued_mut() {
+            if entry.local_error {
+                // Nothing after a request that can never run is sent: it fails the connection
+                // when it reaches the head of the queue, and everything behind it is flushed.
+                break;
+            }
+            let (first, last) = self.tx.push_request(entry, max_payload);
+            entry.first_psn = first;
+            entry.last_psn = last;
+            entry.queued = true;
+        }
+    }
+
+    /// Completes what finished at the head of the send queue, in order.
+    fn drain_send_queue(&mut self) {
+        while let Some(front) = self.sq.front() {
+            if front.local_error {
+                self.fail(
+                    Some(WcStatus::LocalProtection),
+                    ConnectionError::LocalProtection,
+                );
+                return;
+            }
+            if !front.is_done() {
+                return;
+            }
+            let entry = self.sq.pop().expect("front exists");
+            self.completions
+                .push_back(entry.completion(WcStatus::Success));
+        }
+    }
+
+    fn after_progress(&mut self, now: Time) {
+        if matches!(
+            self.state,
+            ConnectionState::Established | ConnectionState::Draining
+        ) {
+            self.drain_send_queue();
+        }
+        if matches!(
+            self.state,
+            ConnectionState::Established | ConnectionState::Draining
+        ) {
+            let awaiting = self.sq.awaits_response();
+            self.tx.arm(now, awaiting);
+        }
+    }
+
+    fn transmit_sequenced<M: Memory + ?Sized>(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+        mem: &M,
+    ) -> Option<usize> {
+        let psn = self.tx.next_to_send(now)?;
+        let header = self.header(Opcode::Send, psn, 0);
+        let len = self.tx.build(psn, header, self.max_payload, buf, mem);
+        if self.tx.on_sent(psn, now) {
+            self.stats.retransmits += 1;
+        }
+        self.rx.piggybacked();
+        Some(len)
+    }
+
+    fn on_tx_timeout(&mut self, now: Time) {
+        match self.tx.on_timeout(now) {
+            TimeoutAction::Nothing => {}
+            TimeoutAction::Retransmit => self.stats.timeouts += 1,
+            TimeoutAction::Probe => {
+                self.stats.timeouts += 1;
+                self.control.keepalive = true;
+            }
+            TimeoutAction::GiveUp => {
+                self.stats.timeouts += 1;
+                self.fail(
+                    Some(WcStatus::RetryExceeded),
+                    ConnectionError::RetryExceeded,
+                );
+            }
+        }
+    }
+
+    /// Fails the connection: the first outstanding request gets `head_status` (when given),
+    /// everything else is flushed, and the connection enters the error state.
+    fn fail(&mut self, head_status: Option<WcStatus>, error: ConnectionError) {
+        self.fail_at(
+            head_status.map(|_| 0),
+            head_status.unwrap_or(WcStatus::Flushed),
+            error,
+        );
+    }
+
+    /// Fails the connection, completing the request at `culprit` (a send-queue position) with
+    /// `status` and flushing everything else.
+    fn fail_at(&mut self, culprit: Option<usize>, status: WcStatus, error: ConnectionError) {
+        if matches!(self.state, ConnectionState::Error | ConnectionState::Closed) {
+            return;
+        }
+        self.flush_all(culprit.map(|pos| (pos, status)));
+        self.state = ConnectionState::Error;
+        // Best effort: tell the peer, so that it fails now rather than after its own timeouts.
+        self.control.close = !matches!(
+            error,
+            ConnectionError::ClosedByPeer | ConnectionError::ConnectTimeout
+        );
+        self.events.push_back(Event::Failed(error));
+    }
+
+    fn flush_all(&mut self, culprit: Option<(usize, WcStatus)>) {
+        let mut position = 0;
+        while let Some(entry) = self.sq.pop() {
+            let status = match culprit {
+                Some((pos, status)) if pos == position => status,
+                _ => WcStatus::Flushed,
+            };
+            self.completions.push_back(entry.completion(status));
+            position += 1;
+        }
+        for wr in self.rq.drain(..) {
+            self.completions.push_back(WorkCompletion {
+                wr_id: wr.wr_id,
+                queue: Queue::Recv,
+                status: WcStatus::Flushed,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+            });
+        }
+        self.tx.clear();
+        self.rx.clear();
+        self.control.keepalive = false;
+    }
+
+    /// The retransmission budget as configured: a vanished peer is detected within this much
+    /// time of the last packet heard (see [`Config::retry_budget`]).
+    pub fn retry_budget(&self) -> Duration {
+        self.config.retry_budget()
+    }
+}
+
+#[cfg(test)]
+mod tests;

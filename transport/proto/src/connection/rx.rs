@@ -1,0 +1,656 @@
+//! The incoming stream and the responder: in-order acceptance, placement of each packet at its
+//! offset as it arrives, execution of requests (with the protection checks), acknowledgement
+//! and negative acknowledgement, and completion of receives.
+
+use std::time::Duration;
+
+use super::tx::{OutKind, packets_for};
+use super::{Connection, ConnectionError, ConnectionState};
+use crate::memory::{Access, Memory, Placement};
+use crate::seq::Psn;
+use crate::time::Time;
+use crate::wire::{
+    ErrorCode, Ext, FLAG_ACK_REQUEST, FLAG_HAS_IMM, Header, NakCode, SackBlock, SackList, Segment,
+};
+use crate::work::{Queue, SendOp, WcOpcode, WcStatus, WorkCompletion};
+
+/// Where the packets of the message being received go.
+#[derive(Clone, Copy, Debug)]
+enum InTarget {
+    /// A SEND into a posted receive.
+    Recv {
+        wr_id: u64,
+        placement: Option<Placement>,
+        imm: Option<u32>,
+    },
+    /// A WRITE, with the receive it consumed for WRITE_WITH_IMM.
+    Write {
+        placement: Option<Placement>,
+        recv: Option<(u64, u32)>,
+    },
+    /// The data answering our READ whose request started at `req_psn`.
+    ReadResponse {
+        placement: Option<Placement>,
+        req_psn: Psn,
+    },
+}
+
+/// The multi-packet message that holds the next expected PSN.
+#[derive(Debug)]
+struct InMessage {
+    first_psn: Psn,
+    npackets: u32,
+    msg_len: u64,
+    target: InTarget,
+}
+
+/// Why the responder will not take a message now.
+enum Refusal {
+    /// No receive posted: ask the sender to retry later.
+    NotReady,
+    /// The request can never succeed: the connection ends.
+    Fatal(ErrorCode),
+    /// The packet contradicts the protocol; drop it as if corrupted.
+    Malformed,
+}
+
+#[derive(Debug)]
+pub(super) struct RxStream {
+    started: bool,
+    expected: Psn,
+    current: Option<InMessage>,
+    /// Packets of `current` received, by index from its first PSN (reused between messages).
+    received: Vec<bool>,
+    ack_needed: bool,
+    since_ack: u32,
+    pending_nak: Option<Ext>,
+    nak_sent_for: Option<Psn>,
+}
+
+impl RxStream {
+    pub fn new() -> RxStream {
+        RxStream {
+            started: false,
+            expected: Psn(0),
+            current: None,
+            received: Vec::new(),
+            ack_needed: false,
+            since_ack: 0,
+            pending_nak: None,
+            nak_sent_for: None,
+        }
+    }
+
+    pub fn start(&mut self, initial_psn: Psn) {
+        self.started = true;
+        self.expected = initial_psn;
+    }
+
+    pub fn started(&self) -> bool {
+        self.started
+    }
+
+    pub fn expected(&self) -> Psn {
+        self.expected
+    }
+
+    pub fn ack_needed(&self) -> bool {
+        self.ack_needed
+    }
+
+    pub fn clear(&mut self) {
+        self.current = None;
+        self.ack_needed = false;
+        self.pending_nak = None;
+    }
+
+    fn request_ack(&mut self) {
+        self.ack_needed = true;
+    }
+
+    /// Selective blocks: runs of packets of the current message received beyond the gap.
+    fn sacks(&self) -> SackList {
+        let mut list = SackList::default();
+        let Some(current) = &self.current else {
+            return list;
+        };
+        let from = self.expected.distance_from(current.first_psn) as usize;
+        let mut run: Option<usize> = None;
+        for i in from..=current.npackets as usize {
+            let got = i < current.npackets as usize && self.received[i];
+            match (got, run) {
+                (true, None) => run = Some(i),
+                (false, Some(start)) => {
+                    let block = SackBlock {
+                        start: current.first_psn.plus(start as u32),
+                        end: current.first_psn.plus(i as u32),
+                    };
+                    if !list.push(block) {
+                        break;
+                    }
+                    run = None;
+                }
+                _ => {}
+            }
+        }
+        list
+    }
+
+    fn has_sacks(&self) -> bool {
+        self.current.as_ref().is_some_and(|c| {
+            let from = self.expected.distance_from(c.first_psn) as usize;
+            self.received[from..c.npackets as usize].iter().any(|&r| r)
+        })
+    }
+
+    pub fn take_ack(&mut self, window: u32) -> Ext {
+        self.ack_needed = false;
+        self.since_ack = 0;
+        Ext::Ack {
+            window,
+            sacks: self.sacks(),
+        }
+    }
+
+    pub fn take_nak(&mut self) -> Option<Ext> {
+        self.pending_nak.take()
+    }
+
+    /// A sequenced packet of ours carried the cumulative acknowledgement.
+    pub fn piggybacked(&mut self) {
+        if !self.has_sacks() {
+            self.ack_needed = false;
+            self.since_ack = 0;
+        }
+    }
+
+    fn nak_sequence(&mut self) -> bool {
+        if self.nak_sent_for == Some(self.expected) {
+            return false;
+        }
+        self.nak_sent_for = Some(self.expected);
+        self.pending_nak = Some(Ext::Nak {
+            psn: self.expected,
+            code: NakCode::SequenceError,
+            rnr_delay_us: 0,
+        });
+        true
+    }
+
+    fn on_accepted(&mut self, flags: u16, ack_every: u32) {
+        self.since_ack += 1;
+        if flags & FLAG_ACK_REQUEST != 0 || self.since_ack >= ack_every {
+            self.ack_needed = true;
+        }
+    }
+}
+
+impl Connection {
+    /// Handles everything but the handshake once established; the header's cumulative
+    /// acknowledgement has already been applied.
+    pub(super) fn handle_established<M: Memory + ?Sized>(
+        &mut self,
+        now: Time,
+        header: &Header,
+        ext: &Ext,
+        payload: &[u8],
+        mem: &mut M,
+    ) {
+        match *ext {
+            Ext::Ack { window, sacks } => {
+                self.tx.set_peer_window(window);
+                self.tx.on_sack(sacks.as_slice());
+            }
+            Ext::Nak {
+                psn,
+                code: NakCode::SequenceError,
+                ..
+            } => self.tx.on_sequence_nak(psn),
+            Ext::Nak {
+                psn,
+                code: NakCode::ReceiverNotReady,
+                rnr_delay_us,
+            } => {
+                let delay = Duration::from_micros(u64::from(rnr_delay_us));
+                if !self.tx.on_rnr_nak(psn, delay, now) {
+                    self.fail(
+                        Some(WcStatus::RnrRetryExceeded),
+                        ConnectionError::RnrRetryExceeded,
+                    );
+                }
+            }
+            Ext::KeepAlive => self.rx.request_ack(),
+            Ext::Connect(_) | Ext::Accept(_) | Ext::Close { .. } => {}
+            _ => self.on_sequenced(now, header, ext, payload, mem),
+        }
+    }
+
+    /// Applies the cumulative acknowledgement carried by any packet.
+    pub(super) fn on_ack_psn(&mut self, now: Time, ack: Psn) {
+        let (progress, fatal_acked) = self.tx.on_cumulative_ack(ack, now);
+        if progress {
+            self.sq.mark_acked_before(ack);
+        }
+        if fatal_acked {
+            let code = self.refused.unwrap_or(ErrorCode::RemoteOperational);
+            self.fail(None, ConnectionError::PeerRequestRefused(code));
+        }
+    }
+
+    fn on_sequenced<M: Memory + ?Sized>(
+        &mut self,
+        now: Time,
+        header: &Header,
+        ext: &Ext,
+        payload: &[u8],
+        mem: &mut M,
+    ) {
+        if self.state != ConnectionState::Established {
+            // Draining: we refused a request; nothing after it is executed.
+            return;
+        }
+        let psn = header.psn;
+        let expected = self.rx.expected;
+        if psn.before(expected) {
+            self.stats.duplicates += 1;
+            self.rx.request_ack();
+            return;
+        }
+        if psn.distance_from(expected) >= self.config.window {
+            self.stats.out_of_order_dropped += 1;
+            return;
+        }
+        let segment = ext.segment().copied();
+        let belongs = match (&self.rx.current, &segment) {
+            (Some(current), Some(seg)) => {
+                seg.msg_first_psn == current.first_psn
+                    && psn.distance_from(current.first_psn) < current.npackets
+            }
+            (Some(_), None) => false,
+            (None, Some(seg)) => seg.msg_first_psn == expected,
+            (None, None) => psn == expected,
+        };
+        if !belongs {
+            self.stats.out_of_order_dropped += 1;
+            if self.rx.nak_sequence() {
+                self.stats.seq_naks_sent += 1;
+            }
+            return;
+        }
+        let is_response = matches!(ext, Ext::ReadResponse(_) | Ext::AtomicResponse { .. });
+        let accepted = match segment {
+            Some(seg) => self.on_segment(psn, header.flags, ext, &seg, payload, mem),
+            None => self.on_single(psn, ext, mem),
+        };
+        if accepted {
+            self.rx.on_accepted(header.flags, self.config.ack_every);
+            if is_response {
+                self.tx.on_response_progress(now);
+            }
+        }
+    }
+
+    /// A packet of a data-bearing message. Returns whether it was accepted.
+    fn on_segment<M: Memory + ?Sized>(
+        &mut self,
+        psn: Psn,
+        flags: u16,
+        ext: &Ext,
+        seg: &Segment,
+        payload: &[u8],
+        mem: &mut M,
+    ) -> bool {
+        let npackets = packets_for(seg.msg_len, self.max_payload);
+        let index = psn.distance_from(seg.msg_first_psn);
+        let offset_ok = seg.offset == u64::from(index) * u64::from(self.max_payload);
+        let len_ok = payload.len() as u64
+            == (seg.msg_len - seg.offset.min(seg.msg_len)).min(u64::from(self.max_payload));
+        if index >= npackets || !offset_ok || !len_ok {
+            self.stats.malformed += 1;
+            return false;
+        }
+        if self.rx.current.is_some() {
+            self.stats.out_of_order_placed += u64::from(psn != self.rx.expected);
+        } else {
+            let target = match self.message_target(flags, ext, seg, mem) {
+                Ok(target) => target,
+                Err(Refusal::NotReady) => {
+                    if psn == seg.msg_first_psn {
+                        self.stats.rnr_naks_sent += 1;
+                        self.rx.pending_nak = Some(Ext::Nak {
+                            psn,
+                            code: NakCode::ReceiverNotReady,
+                            rnr_delay_us: self.config.rnr_delay.as_micros().min(u32::MAX as u128)
+                                as u32,
+                        });
+                    }
+                    return false;
+                }
+                Err(Refusal::Malformed) => {
+                    self.stats.malformed += 1;
+                    return false;
+                }
+                Err(Refusal::Fatal(code)) => {
+                    self.refuse(seg.msg_first_psn, code);
+                    return false;
+                }
+            };
+            self.rx.current = Some(InMessage {
+                first_psn: seg.msg_first_psn,
+                npackets,
+                msg_len: seg.msg_len,
+                target,
+            });
+            self.rx.received.clear();
+            self.rx.received.resize(npackets as usize, false);
+            if psn != self.rx.expected {
+                self.stats.out_of_order_placed += 1;
+            }
+        }
+        let Some(current) = &self.rx.current else {
+            return false;
+        };
+        if self.rx.received[index as usize] {
+            self.stats.duplicates += 1;
+            self.rx.request_ack();
+            return false;
+        }
+        let placement = match current.target {
+            InTarget::Recv { placement, .. }
+            | InTarget::Write { placement, .. }
+            | InTarget::ReadResponse { placement, .. } => placement,
+        };
+        if let Some(p) = placement {
+            if !payload.is_empty() {
+                mem.write(p.region, p.offset + seg.offset, payload);
+            }
+        }
+        self.rx.received[index as usize] = true;
+        let mut expected = self.rx.expected;
+        while expected.distance_from(current.first_psn) < current.npackets
+            && self.rx.received[expected.distance_from(current.first_psn) as usize]
+        {
+            expected = expected.plus(1);
+        }
+        self.rx.expected = expected;
+        if expected.distance_from(current.first_psn) == current.npackets {
+            let done = self.rx.current.take().expect("current message exists");
+            self.complete_message(&done);
+            self.rx.request_ack();
+        } else if psn != self.rx.expected {
+            // Placed ahead of a gap: tell the sender what we hold so it resends only the gap.
+            self.rx.request_ack();
+        }
+        true
+    }
+
+    /// Decides where a new message goes, checking keys, bounds and receive buffers before any
+    /// byte of it is placed.
+    fn message_target<M: Memory + ?Sized>(
+        &mut self,
+        flags: u16,
+        ext: &Ext,
+        seg: &Segment,
+        mem: &M,
+    ) -> Result<InTarget, Refusal> {
+        let len = seg.msg_len;
+        match *ext {
+            Ext::Send(_) => {
+                let recv = *self.rq.front().ok_or(Refusal::NotReady)?;
+                let imm = (flags & FLAG_HAS_IMM != 0).then_some(seg.imm_or_req);
+                if len > recv.local.len {
+                    self.rq.pop_front();
+                    self.push_recv_completion(
+                        recv.wr_id,
+                        WcStatus::LocalLength,
+                        WcOpcode::Recv,
+                        0,
+                        None,
+                    );
+                    return Err(Refusal::Fatal(ErrorCode::InvalidRequest));
+                }
+                let placement = if len == 0 {
+                    None
+                } else {
+                    match mem.table().check_local(
+                        recv.local.lkey,
+                        recv.local.addr,
+                        len,
+                        Access::LOCAL_WRITE,
+                    ) {
+                        Ok(p) => Some(p),
+                        Err(_) => {
+                            self.rq.pop_front();
+                            self.push_recv_completion(
+                                recv.wr_id,
+                                WcStatus::LocalProtection,
+                                WcOpcode::Recv,
+                                0,
+                                None,
+                            );
+                            return Err(Refusal::Fatal(ErrorCode::RemoteOperational));
+                        }
+                    }
+                };
+                self.rq.pop_front();
+                Ok(InTarget::Recv {
+                    wr_id: recv.wr_id,
+                    placement,
+                    imm,
+                })
+            }
+            Ext::Write(_, remote) | Ext::WriteWithImm(_, remote) => {
+                let placement = if len == 0 {
+                    None
+                } else {
+                    let p = mem
+                        .table()
+                        .check_remote(remote.rkey, remote.addr, len, Access::REMOTE_WRITE)
+                        .map_err(|_| Refusal::Fatal(ErrorCode::RemoteAccess))?;
+                    Some(p)
+                };
+                let recv = if matches!(ext, Ext::WriteWithImm(..)) {
+                    let recv = self.rq.pop_front().ok_or(Refusal::NotReady)?;
+                    Some((recv.wr_id, seg.imm_or_req))
+                } else {
+                    None
+                };
+                Ok(InTarget::Write { placement, recv })
+            }
+            Ext::ReadResponse(_) => {
+                let req_psn = Psn(seg.imm_or_req);
+                let entry = self.sq.by_first_psn(req_psn).ok_or(Refusal::Malformed)?;
+                if !matches!(entry.wr.op, SendOp::Read { .. })
+                    || entry.wr.local.len != len
+                    || entry.responded
+                {
+                    return Err(Refusal::Malformed);
+                }
+                Ok(InTarget::ReadResponse {
+                    placement: entry.local,
+                    req_psn,
+                })
+            }
+            _ => Err(Refusal::Malformed),
+        }
+    }
+
+    fn complete_message(&mut self, message: &InMessage) {
+        match message.target {
+            InTarget::Recv { wr_id, imm, .. } => {
+                self.push_recv_completion(
+                    wr_id,
+                    WcStatus::Success,
+                    WcOpcode::Recv,
+                    message.msg_len,
+                    imm,
+                );
+            }
+            InTarget::Write {
+                recv: Some((wr_id, imm)),
+                ..
+            } => {
+                self.push_recv_completion(
+                    wr_id,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    message.msg_len,
+                    Some(imm),
+                );
+            }
+            InTarget::Write { recv: None, .. } => {}
+            InTarget::ReadResponse { req_psn, .. } => {
+                if let Some(entry) = self.sq.by_first_psn(req_psn) {
+                    entry.responded = true;
+                }
+            }
+        }
+    }
+
+    fn push_recv_completion(
+        &mut self,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        byte_len: u64,
+        imm: Option<u32>,
+    ) {
+        self.completions.push_back(WorkCompletion {
+            wr_id,
+            queue: Queue::Recv,
+            status,
+            opcode,
+            byte_len,
+            imm,
+        });
+    }
+
+    /// A single-packet request or response that carries no payload. Returns whether accepted.
+    fn on_single<M: Memory + ?Sized>(&mut self, psn: Psn, ext: &Ext, mem: &mut M) -> bool {
+        let max_payload = self.max_payload;
+        match *ext {
+            Ext::ReadRequest { remote, len } => {
+                let source = if len == 0 {
+                    None
+                } else {
+                    match mem.table().check_remote(
+                        remote.rkey,
+                        remote.addr,
+                        len,
+                        Access::REMOTE_READ,
+                    ) {
+                        Ok(p) => Some(p),
+                        Err(_) => {
+                            self.refuse(psn, ErrorCode::RemoteAccess);
+                            return false;
+                        }
+                    }
+                };
+                self.tx.push_response(
+                    OutKind::ReadResponse {
+                        source,
+                        len,
+                        req_psn: psn,
+                    },
+                    max_payload,
+                );
+            }
+            Ext::FetchAdd { remote, .. } | Ext::CmpSwap { remote, .. } => {
+                if remote.addr % 8 != 0 {
+                    self.refuse(psn, ErrorCode::InvalidRequest);
+                    return false;
+                }
+                let target = match mem.table().check_remote(
+                    remote.rkey,
+                    remote.addr,
+                    8,
+                    Access::REMOTE_ATOMIC,
+                ) {
+                    Ok(p) => p,
+                    Err(_) => {
+                        self.refuse(psn, ErrorCode::RemoteAccess);
+                        return false;
+                    }
+                };
+                let mut bytes = [0u8; 8];
+                mem.read(target.region, target.offset, &mut bytes);
+                let original = u64::from_le_bytes(bytes);
+                let new = match *ext {
+                    Ext::FetchAdd { add, .. } => Some(original.wrapping_add(add)),
+                    Ext::CmpSwap { compare, swap, .. } => (original == compare).then_some(swap),
+                    _ => None,
+                };
+                if let Some(new) = new {
+                    mem.write(target.region, target.offset, &new.to_le_bytes());
+                }
+                self.tx.push_response(
+                    OutKind::AtomicResponse {
+                        req_psn: psn,
+                        original,
+                    },
+                    max_payload,
+                );
+            }
+            Ext::AtomicResponse { req_psn, original } => {
+                let Some(entry) = self.sq.by_first_psn(req_psn) else {
+                    self.stats.malformed += 1;
+                    return false;
+                };
+                if !matches!(
+                    entry.wr.op,
+                    SendOp::FetchAdd { .. } | SendOp::CmpSwap { .. }
+                ) || entry.responded
+                {
+                    self.stats.malformed += 1;
+                    return false;
+                }
+                if let Some(local) = entry.local {
+                    mem.write(local.region, local.offset, &original.to_le_bytes());
+                }
+                entry.responded = true;
+            }
+            Ext::FatalNak { req_psn, code } => {
+                self.rx.expected = psn.plus(1);
+                let status = match code {
+                    ErrorCode::RemoteAccess => WcStatus::RemoteAccess,
+                    ErrorCode::InvalidRequest => WcStatus::RemoteInvalidRequest,
+                    ErrorCode::RemoteOperational => WcStatus::RemoteOperational,
+                };
+                // Everything before the refused request has completed by now (it was
+                // acknowledged by this very packet); report it, then fail at the culprit.
+                self.sq.mark_acked_before(req_psn);
+                self.drain_send_queue();
+                let culprit = self.sq.position_containing(req_psn);
+                self.fail_at(culprit, status, ConnectionError::RequestRefused(status));
+                return true;
+            }
+            _ => {
+                self.stats.malformed += 1;
+                return false;
+            }
+        }
+        self.rx.expected = psn.plus(1);
+        true
+    }
+
+    /// Refuses the peer's request at `req_psn`: nothing of it was executed; a FATAL_NAK goes
+    /// back in order behind every response already queued, and the connection drains.
+    fn refuse(&mut self, req_psn: Psn, code: ErrorCode) {
+        let max_payload = self.max_payload;
+        self.tx
+            .push_response(OutKind::FatalNak { req_psn, code }, max_payload);
+        self.rx.current = None;
+        self.refused = Some(code);
+        self.state = ConnectionState::Draining;
+        for wr in self.rq.drain(..) {
+            self.completions.push_back(WorkCompletion {
+                wr_id: wr.wr_id,
+                queue: Queue::Recv,
+                status: WcStatus::Flushed,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+            });
+        }
+    }
+}

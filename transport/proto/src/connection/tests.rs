@@ -1,0 +1,776 @@
+//! Scenario tests of the connection over the simulated link, one behaviour each.
+
+use std::time::Duration;
+
+use crate::Config;
+use crate::connection::{ConnectionError, ConnectionState, Event};
+use crate::memory::{Access, Region};
+use crate::sim::{LinkConfig, Pair, PairConfig};
+use crate::time::Time;
+use crate::work::{RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion};
+
+const RW: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC);
+const STEPS: u64 = 2_000_000;
+
+fn pair_with(link: LinkConfig, config: Config) -> Pair {
+    let pair = Pair::new(PairConfig {
+        seed: 42,
+        config_a: config.clone(),
+        config_b: config,
+        link,
+    });
+    assert_eq!(pair.a.conn.state(), ConnectionState::Established);
+    assert_eq!(pair.b.conn.state(), ConnectionState::Established);
+    pair
+}
+
+fn pair() -> Pair {
+    pair_with(LinkConfig::default(), Config::default())
+}
+
+fn sge(region: &Region, offset: u64, len: u64) -> Sge {
+    Sge {
+        addr: region.addr + offset,
+        len,
+        lkey: region.lkey,
+    }
+}
+
+fn remote(region: &Region, offset: u64) -> RemoteAddr {
+    RemoteAddr {
+        addr: region.addr + offset,
+        rkey: region.rkey,
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn only(mut wcs: Vec<WorkCompletion>) -> WorkCompletion {
+    assert_eq!(wcs.len(), 1, "{wcs:?}");
+    wcs.pop().unwrap()
+}
+
+#[test]
+fn write_of_every_size_class_lands() {
+    for len in [0usize, 1, 8, 4096, 65_420, 65_421, 300_000, 3 << 20] {
+        let mut p = pair();
+        let src = p.a.mem.alloc(len.max(1), Access::LOCAL_WRITE);
+        let dst = p.b.mem.alloc(len.max(1), RW);
+        let data = pattern(len, 3);
+        p.a.mem.fill(&src, 0, &data);
+        let wr = SendWr {
+            wr_id: 1,
+            local: sge(&src, 0, len as u64),
+            op: SendOp::Write {
+                remote: remote(&dst, 0),
+            },
+        };
+        p.a.post_send(wr).unwrap();
+        assert!(p.drive(STEPS));
+        let wc = only(p.a.take_completions());
+        assert_eq!(
+            (wc.status, wc.opcode, wc.byte_len),
+            (WcStatus::Success, WcOpcode::RdmaWrite, len as u64)
+        );
+        assert!(p.b.mem.bytes(&dst, 0, len) == &data[..], "len {len}");
+        assert!(
+            p.b.take_completions().is_empty(),
+            "a WRITE consumes no receive"
+        );
+    }
+}
+
+#[test]
+fn read_returns_remote_bytes() {
+    let mut p = pair();
+    let src = p.b.mem.alloc(200_000, RW);
+    let dst = p.a.mem.alloc(200_000, Access::LOCAL_WRITE);
+    let data = pattern(200_000, 9);
+    p.b.mem.fill(&src, 0, &data);
+    let wr = SendWr {
+        wr_id: 5,
+        local: sge(&dst, 100, 150_000),
+        op: SendOp::Read {
+            remote: remote(&src, 7),
+        },
+    };
+    p.a.post_send(wr).unwrap();
+    assert!(p.drive(STEPS));
+    let wc = only(p.a.take_completions());
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode),
+        (5, WcStatus::Success, WcOpcode::RdmaRead)
+    );
+    assert!(
+        p.a.mem.bytes(&dst, 100, 150_000) == &data[7..150_007],
+        "memory differs"
+    );
+}
+
+#[test]
+fn send_with_imm_and_write_with_imm_consume_receives_in_order() {
+    let mut p = pair();
+    let src = p.a.mem.alloc(1000, Access::LOCAL_WRITE);
+    let rbuf = p.b.mem.alloc(1000, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(1000, RW);
+    p.a.mem.fill(&src, 0, &pattern(1000, 1));
+    p.b.post_recv(RecvWr {
+        wr_id: 100,
+        local: sge(&rbuf, 0, 1000),
+    })
+    .unwrap();
+    p.b.post_recv(RecvWr {
+        wr_id: 101,
+        local: sge(&rbuf, 0, 0),
+    })
+    .unwrap();
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, 600),
+        op: SendOp::Send { imm: Some(0xfeed) },
+    })
+    .unwrap();
+    p.a.post_send(SendWr {
+        wr_id: 2,
+        local: sge(&src, 0, 1000),
+        op: SendOp::WriteWithImm {
+            remote: remote(&dst, 0),
+            imm: 77,
+        },
+    })
+    .unwrap();
+    assert!(p.drive(STEPS));
+    let a = p.a.take_completions();
+    assert_eq!(
+        a.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    let b = p.b.take_completions();
+    assert_eq!(b.len(), 2);
+    assert_eq!(
+        (b[0].wr_id, b[0].opcode, b[0].byte_len, b[0].imm),
+        (100, WcOpcode::Recv, 600, Some(0xfeed))
+    );
+    assert_eq!(
+        (b[1].wr_id, b[1].opcode, b[1].byte_len, b[1].imm),
+        (101, WcOpcode::RecvRdmaWithImm, 1000, Some(77))
+    );
+    assert!(
+        p.b.mem.bytes(&rbuf, 0, 600) == &pattern(1000, 1)[..600],
+        "memory differs"
+    );
+    assert!(
+        p.b.mem.bytes(&dst, 0, 1000) == &pattern(1000, 1)[..],
+        "memory differs"
+    );
+}
+
+#[test]
+fn atomics_return_the_original_and_apply_once() {
+    let mut p = pair();
+    let target = p.b.mem.alloc(64, RW);
+    p.b.mem.fill(&target, 8, &10u64.to_le_bytes());
+    let result = p.a.mem.alloc(64, Access::LOCAL_WRITE);
+    let ops = [
+        SendOp::FetchAdd {
+            remote: remote(&target, 8),
+            add: 5,
+        },
+        SendOp::CmpSwap {
+            remote: remote(&target, 8),
+            compare: 15,
+            swap: 100,
+        },
+        SendOp::CmpSwap {
+            remote: remote(&target, 8),
+            compare: 15,
+            swap: 7,
+        },
+    ];
+    for (i, op) in ops.into_iter().enumerate() {
+        p.a.post_send(SendWr {
+            wr_id: i as u64,
+            local: sge(&result, 8 * i as u64, 8),
+            op,
+        })
+        .unwrap();
+    }
+    assert!(p.drive(STEPS));
+    assert!(
+        p.a.take_completions()
+            .iter()
+            .all(|w| w.status == WcStatus::Success)
+    );
+    let word = |m: &crate::sim::SimMemory, r: &Region, off| {
+        u64::from_le_bytes(m.bytes(r, off, 8).try_into().unwrap())
+    };
+    assert_eq!(word(&p.a.mem, &result, 0), 10);
+    assert_eq!(word(&p.a.mem, &result, 8), 15);
+    assert_eq!(
+        word(&p.a.mem, &result, 16),
+        100,
+        "failed compare still returns the original"
+    );
+    assert_eq!(word(&p.b.mem, &target, 8), 100);
+}
+
+#[test]
+fn fetch_add_executes_exactly_once_under_loss_and_duplication() {
+    let link = LinkConfig {
+        loss: 0.2,
+        duplicate: 0.3,
+        jitter: Duration::from_micros(20),
+        ..LinkConfig::default()
+    };
+    let config = Config {
+        max_retries: 30,
+        ..Config::default()
+    };
+    let mut p = pair_with(link, config);
+    let target = p.b.mem.alloc(8, RW);
+    let result = p.a.mem.alloc(8 * 200, Access::LOCAL_WRITE);
+    for i in 0..200u64 {
+        let op = SendOp::FetchAdd {
+            remote: remote(&target, 0),
+            add: 1,
+        };
+        p.a.post_send(SendWr {
+            wr_id: i,
+            local: sge(&result, 8 * i, 8),
+            op,
+        })
+        .unwrap();
+    }
+    assert!(p.drive(STEPS));
+    let wcs = p.a.take_completions();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+    assert_eq!(
+        u64::from_le_bytes(p.b.mem.bytes(&target, 0, 8).try_into().unwrap()),
+        200
+    );
+    // Each fetch saw a distinct value, in post order.
+    for i in 0..200u64 {
+        assert_eq!(
+            u64::from_le_bytes(
+                p.a.mem
+                    .bytes(&result, 8 * i as usize, 8)
+                    .try_into()
+                    .unwrap()
+            ),
+            i
+        );
+    }
+    assert!(
+        p.a.conn.stats().retransmits > 0 && p.b.conn.stats().duplicates > 0,
+        "faults were exercised"
+    );
+}
+
+#[test]
+fn send_without_receive_retries_then_fails_with_rnr() {
+    let mut p = pair();
+    let src = p.a.mem.alloc(64, Access::LOCAL_WRITE);
+    p.a.post_send(SendWr {
+        wr_id: 9,
+        local: sge(&src, 0, 64),
+        op: SendOp::Send { imm: None },
+    })
+    .unwrap();
+    p.a.post_send(SendWr {
+        wr_id: 10,
+        local: sge(&src, 0, 64),
+        op: SendOp::Send { imm: None },
+    })
+    .unwrap();
+    assert!(p.drive(STEPS));
+    let wcs = p.a.take_completions();
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(9, WcStatus::RnrRetryExceeded), (10, WcStatus::Flushed)]
+    );
+    assert_eq!(p.a.conn.state(), ConnectionState::Error);
+    assert_eq!(
+        p.a.events.last(),
+        Some(&Event::Failed(ConnectionError::RnrRetryExceeded))
+    );
+    assert!(p.b.conn.stats().rnr_naks_sent >= 7);
+}
+
+#[test]
+fn send_succeeds_when_receive_is_posted_during_rnr_backoff() {
+    let mut p = pair();
+    let src = p.a.mem.alloc(64, Access::LOCAL_WRITE);
+    let rbuf = p.b.mem.alloc(64, Access::LOCAL_WRITE);
+    p.a.post_send(SendWr {
+        wr_id: 9,
+        local: sge(&src, 0, 64),
+        op: SendOp::Send { imm: None },
+    })
+    .unwrap();
+    p.drive_until(STEPS, |p| p.b.conn.stats().rnr_naks_sent >= 2);
+    p.b.post_recv(RecvWr {
+        wr_id: 1,
+        local: sge(&rbuf, 0, 64),
+    })
+    .unwrap();
+    assert!(p.drive(STEPS));
+    assert_eq!(only(p.a.take_completions()).status, WcStatus::Success);
+    assert_eq!(only(p.b.take_completions()).status, WcStatus::Success);
+}
+
+#[test]
+fn receive_too_small_fails_both_sides() {
+    let mut p = pair();
+    let src = p.a.mem.alloc(100, Access::LOCAL_WRITE);
+    let rbuf = p.b.mem.alloc(100, Access::LOCAL_WRITE);
+    p.b.post_recv(RecvWr {
+        wr_id: 1,
+        local: sge(&rbuf, 0, 10),
+    })
+    .unwrap();
+    p.b.post_recv(RecvWr {
+        wr_id: 2,
+        local: sge(&rbuf, 0, 100),
+    })
+    .unwrap();
+    p.a.post_send(SendWr {
+        wr_id: 3,
+        local: sge(&src, 0, 100),
+        op: SendOp::Send { imm: None },
+    })
+    .unwrap();
+    assert!(p.drive(STEPS));
+    assert_eq!(
+        only(p.a.take_completions()).status,
+        WcStatus::RemoteInvalidRequest
+    );
+    let b = p.b.take_completions();
+    assert_eq!(
+        b.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::LocalLength), (2, WcStatus::Flushed)]
+    );
+    assert_eq!(p.b.conn.state(), ConnectionState::Error);
+    assert_eq!(
+        p.b.mem.bytes(&rbuf, 0, 100),
+        &[0u8; 100][..],
+        "nothing placed"
+    );
+}
+
+/// Each protection failure: the requester gets a remote-access error, the target is untouched
+/// byte for byte, and the responder's connection enters the error state.
+#[test]
+fn protection_failures_touch_no_byte() {
+    type Case = fn(&mut Pair, &Region, &Region) -> SendOp;
+    let cases: [(&str, Case); 7] = [
+        ("unknown rkey", |_, _, dst| SendOp::Write {
+            remote: RemoteAddr {
+                addr: dst.addr,
+                rkey: dst.rkey ^ 0x5a5a,
+            },
+        }),
+        ("lkey used as rkey", |_, _, dst| SendOp::Write {
+            remote: RemoteAddr {
+                addr: dst.addr,
+                rkey: dst.lkey,
+            },
+        }),
+        ("write past the end", |_, _, dst| SendOp::Write {
+            remote: remote(dst, 4096 - 100),
+        }),
+        ("write before the start", |_, _, dst| SendOp::Write {
+            remote: RemoteAddr {
+                addr: dst.addr - 1,
+                rkey: dst.rkey,
+            },
+        }),
+        ("write without REMOTE_WRITE", |p, _, _| {
+            let ro =
+                p.b.mem
+                    .alloc(4096, Access::LOCAL_WRITE | Access::REMOTE_READ);
+            SendOp::Write {
+                remote: remote(&ro, 0),
+            }
+        }),
+        ("atomic without REMOTE_ATOMIC", |p, _, _| {
+            let ro =
+                p.b.mem
+                    .alloc(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+            SendOp::FetchAdd {
+                remote: remote(&ro, 0),
+                add: 1,
+            }
+        }),
+        ("revoked region", |p, _, dst| {
+            p.b.mem.deregister(dst);
+            SendOp::Write {
+                remote: remote(dst, 0),
+            }
+        }),
+    ];
+    for (name, make) in cases {
+        let mut p = pair();
+        let src = p.a.mem.alloc(4096, Access::LOCAL_WRITE);
+        p.a.mem.fill(&src, 0, &pattern(4096, 1));
+        let dst = p.b.mem.alloc(4096, RW);
+        p.b.mem.fill(&dst, 0, &pattern(4096, 2));
+        let op = make(&mut p, &src, &dst);
+        let before = snapshot(&p);
+        let len = if matches!(op, SendOp::FetchAdd { .. }) {
+            8
+        } else {
+            200
+        };
+        p.a.post_send(SendWr {
+            wr_id: 1,
+            local: sge(&src, 0, len),
+            op,
+        })
+        .unwrap();
+        p.a.post_send(SendWr {
+            wr_id: 2,
+            local: sge(&src, 0, 8),
+            op: SendOp::Write {
+                remote: remote(&dst, 0),
+            },
+        })
+        .unwrap();
+        assert!(p.drive(STEPS), "{name}");
+        let wcs = p.a.take_completions();
+        assert_eq!(
+            wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            vec![(1, WcStatus::RemoteAccess), (2, WcStatus::Flushed)],
+            "{name}"
+        );
+        assert!(snapshot(&p) == before, "{name}: target memory changed");
+        assert_eq!(p.b.conn.state(), ConnectionState::Error, "{name}");
+        assert_eq!(p.a.conn.state(), ConnectionState::Error, "{name}");
+    }
+
+    fn snapshot(p: &Pair) -> Vec<Vec<u8>> {
+        use crate::memory::Memory;
+        p.b.mem
+            .table()
+            .regions()
+            .map(|r| p.b.mem.bytes(r, 0, r.len as usize).to_vec())
+            .collect()
+    }
+}
+
+#[test]
+fn read_without_permission_and_misaligned_atomic_are_refused() {
+    let mut p = pair();
+    let wo = p.b.mem.alloc(
+        64,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+    );
+    let dst = p.a.mem.alloc(64, Access::LOCAL_WRITE);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&dst, 0, 8),
+        op: SendOp::Read {
+            remote: remote(&wo, 0),
+        },
+    })
+    .unwrap();
+    assert!(p.drive(STEPS));
+    assert_eq!(only(p.a.take_completions()).status, WcStatus::RemoteAccess);
+
+    let mut p = pair();
+    let t = p.b.mem.alloc(64, RW);
+    let dst = p.a.mem.alloc(64, Access::LOCAL_WRITE);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&dst, 0, 8),
+        op: SendOp::FetchAdd {
+            remote: remote(&t, 4),
+            add: 1,
+        },
+    })
+    .unwrap();
+    assert!(p.drive(STEPS));
+    assert_eq!(
+        only(p.a.take_completions()).status,
+        WcStatus::RemoteInvalidRequest
+    );
+    assert_eq!(p.b.mem.bytes(&t, 0, 64), &[0u8; 64][..]);
+}
+
+#[test]
+fn bad_local_key_fails_in_order_after_earlier_requests() {
+    let mut p = pair();
+    let src = p.a.mem.alloc(64, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(64, RW);
+    let ok = SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, 8),
+        op: SendOp::Write {
+            remote: remote(&dst, 0),
+        },
+    };
+    let bad = SendWr {
+        wr_id: 2,
+        local: Sge {
+            lkey: src.lkey ^ 1,
+            ..sge(&src, 0, 8)
+        },
+        ..ok
+    };
+    p.a.post_send(ok).unwrap();
+    p.a.post_send(bad).unwrap();
+    p.a.post_send(SendWr { wr_id: 3, ..ok }).unwrap();
+    assert!(p.drive(STEPS));
+    let wcs = p.a.take_completions();
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::Success),
+            (2, WcStatus::LocalProtection),
+            (3, WcStatus::Flushed)
+        ]
+    );
+}
+
+#[test]
+fn posting_to_a_failed_connection_flushes() {
+    let mut p = pair();
+    p.a.conn.close(p.now);
+    let src = p.a.mem.alloc(64, Access::LOCAL_WRITE);
+    p.a.post_send(SendWr {
+        wr_id: 4,
+        local: sge(&src, 0, 8),
+        op: SendOp::Send { imm: None },
+    })
+    .unwrap();
+    p.a.post_recv(RecvWr {
+        wr_id: 5,
+        local: sge(&src, 0, 8),
+    })
+    .unwrap();
+    let wcs = p.a.take_completions();
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(4, WcStatus::Flushed), (5, WcStatus::Flushed)]
+    );
+}
+
+#[test]
+fn close_reaches_the_peer() {
+    let mut p = pair();
+    let rbuf = p.b.mem.alloc(64, Access::LOCAL_WRITE);
+    p.b.post_recv(RecvWr {
+        wr_id: 1,
+        local: sge(&rbuf, 0, 64),
+    })
+    .unwrap();
+    p.a.conn.close(p.now);
+    assert!(p.drive(STEPS));
+    assert_eq!(
+        p.b.events.last(),
+        Some(&Event::Failed(ConnectionError::ClosedByPeer))
+    );
+    assert_eq!(only(p.b.take_completions()).status, WcStatus::Flushed);
+}
+
+#[test]
+fn link_cut_for_good_fails_everything_within_the_retry_budget() {
+    let mut p = pair();
+    let src = p.a.mem.alloc(1 << 20, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(1 << 20, RW);
+    let rbuf = p.b.mem.alloc(64, Access::LOCAL_WRITE);
+    p.b.post_recv(RecvWr {
+        wr_id: 77,
+        local: sge(&rbuf, 0, 64),
+    })
+    .unwrap();
+    let cut_at = p.now + Duration::from_micros(50);
+    p.link_config_mut().outages.push((cut_at, None));
+    for i in 0..10 {
+        p.a.post_send(SendWr {
+            wr_id: i,
+            local: sge(&src, 0, 1 << 20),
+            op: SendOp::Write {
+                remote: remote(&dst, 0),
+            },
+        })
+        .unwrap();
+    }
+    assert!(p.drive(STEPS));
+    let wcs = p.a.take_completions();
+    let statuses: Vec<WcStatus> = wcs.iter().map(|w| w.status).collect();
+    let first_error = statuses
+        .iter()
+        .position(|s| *s != WcStatus::Success)
+        .expect("some request failed");
+    assert_eq!(statuses[first_error], WcStatus::RetryExceeded);
+    assert!(
+        statuses[first_error + 1..]
+            .iter()
+            .all(|s| *s == WcStatus::Flushed),
+        "{statuses:?}"
+    );
+    assert_eq!(wcs.len(), 10);
+    let budget = Config::default().retry_budget();
+    assert!(
+        p.now <= cut_at + budget + Config::default().idle_timeout,
+        "failed at {:?}",
+        p.now
+    );
+    assert_eq!(
+        p.a.events.last(),
+        Some(&Event::Failed(ConnectionError::RetryExceeded))
+    );
+    // The passive side, with nothing outstanding, notices the silence by keep-alive.
+    let failed_at = p.now;
+    p.advance(Config::default().idle_timeout, STEPS);
+    assert_eq!(p.b.conn.state(), ConnectionState::Error);
+    assert_eq!(
+        p.b.events.last(),
+        Some(&Event::Failed(ConnectionError::PeerSilent))
+    );
+    assert!(p.now <= failed_at + Config::default().idle_timeout);
+    assert_eq!(only(p.b.take_completions()).status, WcStatus::Flushed);
+}
+
+#[test]
+fn a_short_outage_is_survived() {
+    let mut p = pair();
+    let src = p.a.mem.alloc(1 << 20, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(1 << 20, RW);
+    p.a.mem.fill(&src, 0, &pattern(1 << 20, 4));
+    let start = p.now;
+    p.link_config_mut()
+        .outages
+        .push((start, Some(start + Duration::from_millis(20))));
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, 1 << 20),
+        op: SendOp::Write {
+            remote: remote(&dst, 0),
+        },
+    })
+    .unwrap();
+    assert!(p.drive(STEPS));
+    assert_eq!(only(p.a.take_completions()).status, WcStatus::Success);
+    assert!(
+        p.b.mem.bytes(&dst, 0, 1 << 20) == &pattern(1 << 20, 4)[..],
+        "memory differs"
+    );
+    assert!(p.link_stats().lost_in_outage > 0);
+}
+
+#[test]
+fn idle_connection_survives_on_keepalives_and_detects_a_silent_peer() {
+    let mut p = pair();
+    p.advance(Duration::from_secs(10), STEPS);
+    assert_eq!(
+        p.a.conn.state(),
+        ConnectionState::Established,
+        "keep-alives keep an idle link up"
+    );
+    assert_eq!(p.b.conn.state(), ConnectionState::Established);
+    let now = p.now;
+    p.link_config_mut().outages.push((now, None));
+    p.advance(Duration::from_secs(10), STEPS);
+    assert_eq!(
+        p.a.events.last(),
+        Some(&Event::Failed(ConnectionError::PeerSilent))
+    );
+    assert_eq!(
+        p.b.events.last(),
+        Some(&Event::Failed(ConnectionError::PeerSilent))
+    );
+}
+
+#[test]
+fn handshake_to_nobody_times_out() {
+    let link = LinkConfig {
+        outages: vec![(Time::ZERO, None)],
+        ..LinkConfig::default()
+    };
+    let mut p = Pair::new(PairConfig {
+        link,
+        ..PairConfig::default()
+    });
+    p.drive(STEPS);
+    assert_eq!(
+        p.a.events,
+        vec![Event::Failed(ConnectionError::ConnectTimeout)]
+    );
+    assert_eq!(
+        p.b.events,
+        vec![Event::Failed(ConnectionError::ConnectTimeout)]
+    );
+}
+
+#[test]
+fn sender_never_exceeds_the_receivers_window() {
+    let config = Config {
+        window: 4,
+        max_datagram: 1500,
+        ..Config::default()
+    };
+    let link = LinkConfig {
+        latency: Duration::from_micros(100),
+        ..LinkConfig::default()
+    };
+    let mut p = pair_with(link, config);
+    let src = p.a.mem.alloc(200_000, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(200_000, RW);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, 200_000),
+        op: SendOp::Write {
+            remote: remote(&dst, 0),
+        },
+    })
+    .unwrap();
+    let mut max_in_flight = 0;
+    p.drive_until(STEPS, |p| {
+        max_in_flight = max_in_flight.max(p.in_flight_towards_b());
+        p.a.conn.outstanding_sends() == 0
+    });
+    assert!(
+        max_in_flight <= 4,
+        "{max_in_flight} packets in flight with a window of 4"
+    );
+    assert!(max_in_flight >= 3, "the window is used");
+}
+
+#[test]
+fn corrupted_and_foreign_datagrams_are_dropped() {
+    let link = LinkConfig {
+        corrupt: 0.3,
+        ..LinkConfig::default()
+    };
+    let config = Config {
+        max_retries: 30,
+        ..Config::default()
+    };
+    let mut p = pair_with(link, config);
+    let src = p.a.mem.alloc(1 << 20, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(1 << 20, RW);
+    p.a.mem.fill(&src, 0, &pattern(1 << 20, 8));
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, 1 << 20),
+        op: SendOp::Write {
+            remote: remote(&dst, 0),
+        },
+    })
+    .unwrap();
+    assert!(p.drive(STEPS));
+    assert_eq!(only(p.a.take_completions()).status, WcStatus::Success);
+    assert!(
+        p.b.mem.bytes(&dst, 0, 1 << 20) == &pattern(1 << 20, 8)[..],
+        "memory differs"
+    );
+    assert!(p.b.conn.stats().corrupted > 0);
+}

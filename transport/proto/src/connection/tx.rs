@@ -1,0 +1,518 @@
+//! The outgoing stream: PSN assignment, the window, retransmission (on NAK, on timeout with
+//! exponential backoff, skipping what the peer acknowledged selectively), and packet building.
+//!
+//! A message is kept as one entry however many packets it spans; any packet of it can be
+//! rebuilt from its index, reading the payload from memory again. Nothing is copied aside for
+//! retransmission: as with verbs, a buffer belongs to the transport until its request completes.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use super::sq::SqEntry;
+use crate::config::Config;
+use crate::memory::{Memory, Placement};
+use crate::seq::Psn;
+use crate::time::Time;
+use crate::wire::{self, ErrorCode, Ext, Header, Remote, Segment};
+use crate::work::SendOp;
+
+/// What an outgoing message is.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum OutKind {
+    Send {
+        source: Option<Placement>,
+        len: u64,
+        imm: Option<u32>,
+    },
+    Write {
+        source: Option<Placement>,
+        len: u64,
+        remote: Remote,
+        imm: Option<u32>,
+    },
+    ReadRequest {
+        remote: Remote,
+        len: u64,
+    },
+    FetchAdd {
+        remote: Remote,
+        add: u64,
+    },
+    CmpSwap {
+        remote: Remote,
+        compare: u64,
+        swap: u64,
+    },
+    ReadResponse {
+        source: Option<Placement>,
+        len: u64,
+        req_psn: Psn,
+    },
+    AtomicResponse {
+        req_psn: Psn,
+        original: u64,
+    },
+    FatalNak {
+        req_psn: Psn,
+        code: ErrorCode,
+    },
+}
+
+impl OutKind {
+    fn data_len(&self) -> u64 {
+        match *self {
+            OutKind::Send { len, .. }
+            | OutKind::Write { len, .. }
+            | OutKind::ReadResponse { len, .. } => len,
+            _ => 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct OutMessage {
+    first_psn: Psn,
+    npackets: u32,
+    kind: OutKind,
+}
+
+impl OutMessage {
+    fn last_psn(&self) -> Psn {
+        self.first_psn.plus(self.npackets - 1)
+    }
+}
+
+/// Packets needed for `len` bytes (an empty message still takes one).
+pub(super) fn packets_for(len: u64, max_payload: u32) -> u32 {
+    let n = len.div_ceil(u64::from(max_payload)).max(1);
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// What a retransmission timeout asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum TimeoutAction {
+    Nothing,
+    Retransmit,
+    Probe,
+    GiveUp,
+}
+
+#[derive(Debug)]
+pub(super) struct TxStream {
+    /// Next PSN to assign.
+    next_psn: Psn,
+    /// First PSN never transmitted.
+    next_send: Psn,
+    /// Oldest PSN not acknowledged.
+    snd_una: Psn,
+    messages: VecDeque<OutMessage>,
+    /// PSN ranges above `snd_una` the peer acknowledged selectively (sorted, disjoint).
+    sacked: Vec<(Psn, Psn)>,
+    /// Retransmission cursor.
+    rtx: Option<Psn>,
+    /// Receiver-not-ready pause.
+    hold_until: Option<Time>,
+    peer_window: u32,
+    initial_rto: Duration,
+    max_rto: Duration,
+    rto: Duration,
+    rto_deadline: Option<Time>,
+    retries: u32,
+    max_retries: u32,
+    rnr_retries: u32,
+    max_rnr_retries: u32,
+}
+
+impl TxStream {
+    pub fn new(initial_psn: Psn, config: &Config) -> TxStream {
+        TxStream {
+            next_psn: initial_psn,
+            next_send: initial_psn,
+            snd_una: initial_psn,
+            messages: VecDeque::new(),
+            sacked: Vec::new(),
+            rtx: None,
+            hold_until: None,
+            peer_window: 1,
+            initial_rto: config.initial_rto,
+            max_rto: config.max_rto,
+            rto: config.initial_rto,
+            rto_deadline: None,
+            retries: 0,
+            max_retries: config.max_retries,
+            rnr_retries: 0,
+            max_rnr_retries: config.max_rnr_retries,
+        }
+    }
+
+    pub fn next_psn(&self) -> Psn {
+        self.next_psn
+    }
+
+    pub fn set_peer_window(&mut self, window: u32) {
+        self.peer_window = window.max(1);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    fn has_unacked(&self) -> bool {
+        self.snd_una != self.next_psn
+    }
+
+    pub fn rto_deadline(&self) -> Option<Time> {
+        self.rto_deadline
+    }
+
+    pub fn next_deadline(&self) -> Option<Time> {
+        match (self.rto_deadline, self.hold_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.messages.clear();
+        self.sacked.clear();
+        self.rtx = None;
+        self.hold_until = None;
+        self.rto_deadline = None;
+        self.snd_una = self.next_psn;
+        self.next_send = self.next_psn;
+    }
+
+    fn push(&mut self, kind: OutKind, max_payload: u32) -> (Psn, Psn) {
+        let npackets = packets_for(kind.data_len(), max_payload);
+        let first_psn = self.next_psn;
+        self.next_psn = first_psn.plus(npackets);
+        let message = OutMessage {
+            first_psn,
+            npackets,
+            kind,
+        };
+        let last = message.last_psn();
+        self.messages.push_back(message);
+        (first_psn, last)
+    }
+
+    /// Gives a posted request its PSNs.
+    pub fn push_request(&mut self, entry: &SqEntry, max_payload: u32) -> (Psn, Psn) {
+        let source = entry.local;
+        let len = entry.wr.local.len;
+        let remote = |r: crate::work::RemoteAddr| Remote {
+            rkey: r.rkey,
+            addr: r.addr,
+        };
+        let kind = match entry.wr.op {
+            SendOp::Send { imm } => OutKind::Send { source, len, imm },
+            SendOp::Write { remote: r } => OutKind::Write {
+                source,
+                len,
+                remote: remote(r),
+                imm: None,
+            },
+            SendOp::WriteWithImm { remote: r, imm } => OutKind::Write {
+                source,
+                len,
+                remote: remote(r),
+                imm: Some(imm),
+            },
+            SendOp::Read { remote: r } => OutKind::ReadRequest {
+                remote: remote(r),
+                len,
+            },
+            SendOp::FetchAdd { remote: r, add } => OutKind::FetchAdd {
+                remote: remote(r),
+                add,
+            },
+            SendOp::CmpSwap {
+                remote: r,
+                compare,
+                swap,
+            } => OutKind::CmpSwap {
+                remote: remote(r),
+                compare,
+                swap,
+            },
+        };
+        self.push(kind, max_payload)
+    }
+
+    /// Queues a response to the peer's request.
+    pub fn push_response(&mut self, kind: OutKind, max_payload: u32) {
+        self.push(kind, max_payload);
+    }
+
+    fn is_sacked(&self, psn: Psn) -> bool {
+        self.sacked
+            .iter()
+            .any(|&(s, e)| !psn.before(s) && psn.before(e))
+    }
+
+    /// The PSN to transmit next, if the window, the RNR pause and the retransmission cursor
+    /// allow one.
+    pub fn next_to_send(&mut self, now: Time) -> Option<Psn> {
+        if let Some(until) = self.hold_until {
+            if now < until {
+                return None;
+            }
+            self.hold_until = None;
+        }
+        if let Some(mut cursor) = self.rtx {
+            if cursor.before(self.snd_una) {
+                cursor = self.snd_una;
+            }
+            while cursor.before(self.next_send) && self.is_sacked(cursor) {
+                cursor = cursor.plus(1);
+            }
+            if cursor.before(self.next_send) {
+                self.rtx = Some(cursor);
+                return Some(cursor);
+            }
+            self.rtx = None;
+        }
+        let in_flight = self.next_send.distance_from(self.snd_una);
+        (self.next_send.before(self.next_psn) && in_flight < self.peer_window)
+            .then_some(self.next_send)
+    }
+
+    /// Records that `psn` went out; returns whether it was a retransmission.
+    pub fn on_sent(&mut self, psn: Psn, now: Time) -> bool {
+        let retransmit = psn.before(self.next_send);
+        if retransmit {
+            self.rtx = Some(psn.plus(1));
+        } else {
+            self.next_send = psn.plus(1);
+        }
+        if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now + self.rto);
+        }
+        retransmit
+    }
+
+    /// Builds the datagram for `psn` into `buf`; `header` has everything but opcode, PSN and
+    /// per-packet flags filled in.
+    pub fn build<M: Memory + ?Sized>(
+        &self,
+        psn: Psn,
+        mut header: Header,
+        max_payload: u32,
+        buf: &mut [u8],
+        mem: &M,
+    ) -> usize {
+        let index = self.messages.partition_point(|m| m.last_psn().before(psn));
+        let message = &self.messages[index];
+        let packet_index = psn.distance_from(message.first_psn);
+        let is_last = packet_index + 1 == message.npackets;
+        header.psn = psn;
+        if is_last {
+            header.flags |= wire::FLAG_ACK_REQUEST;
+        }
+        let mut source = None;
+        let mut payload_len = 0usize;
+        let mut segment = |len: u64, imm_or_req: u32| {
+            let offset = u64::from(packet_index) * u64::from(max_payload);
+            payload_len = (len - offset).min(u64::from(max_payload)) as usize;
+            Segment {
+                msg_first_psn: message.first_psn,
+                imm_or_req,
+                offset,
+                msg_len: len,
+            }
+        };
+        let ext = match message.kind {
+            OutKind::Send {
+                source: s,
+                len,
+                imm,
+            } => {
+                if imm.is_some() {
+                    header.flags |= wire::FLAG_HAS_IMM;
+                }
+                source = s;
+                Ext::Send(segment(len, imm.unwrap_or(0)))
+            }
+            OutKind::Write {
+                source: s,
+                len,
+                remote,
+                imm: None,
+            } => {
+                source = s;
+                Ext::Write(segment(len, 0), remote)
+            }
+            OutKind::Write {
+                source: s,
+                len,
+                remote,
+                imm: Some(imm),
+            } => {
+                source = s;
+                Ext::WriteWithImm(segment(len, imm), remote)
+            }
+            OutKind::ReadResponse {
+                source: s,
+                len,
+                req_psn,
+            } => {
+                source = s;
+                Ext::ReadResponse(segment(len, req_psn.0))
+            }
+            OutKind::ReadRequest { remote, len } => Ext::ReadRequest { remote, len },
+            OutKind::FetchAdd { remote, add } => Ext::FetchAdd { remote, add },
+            OutKind::CmpSwap {
+                remote,
+                compare,
+                swap,
+            } => Ext::CmpSwap {
+                remote,
+                compare,
+                swap,
+            },
+            OutKind::AtomicResponse { req_psn, original } => {
+                Ext::AtomicResponse { req_psn, original }
+            }
+            OutKind::FatalNak { req_psn, code } => Ext::FatalNak { req_psn, code },
+        };
+        header.opcode = ext.opcode();
+        let header_len = wire::write_header(buf, &header, &ext, payload_len);
+        let end = header_len + payload_len;
+        if let (Some(source), Some(seg)) = (source, ext.segment()) {
+            mem.read(
+                source.region,
+                source.offset + seg.offset,
+                &mut buf[header_len..end],
+            );
+        }
+        wire::seal(&mut buf[..end]);
+        end
+    }
+
+    /// Processes a cumulative acknowledgement. Returns whether it acknowledged anything new and
+    /// whether a FATAL_NAK of ours was among it.
+    pub fn on_cumulative_ack(&mut self, ack: Psn, now: Time) -> (bool, bool) {
+        if !self.snd_una.before(ack) || self.next_send.before(ack) {
+            return (false, false);
+        }
+        self.snd_una = ack;
+        let mut fatal_acked = false;
+        while let Some(front) = self.messages.front() {
+            if !front.last_psn().before(ack) {
+                break;
+            }
+            fatal_acked |= matches!(front.kind, OutKind::FatalNak { .. });
+            self.messages.pop_front();
+        }
+        self.sacked.retain_mut(|(start, end)| {
+            if start.before(ack) {
+                *start = ack;
+            }
+            start.before(*end)
+        });
+        self.retries = 0;
+        self.rnr_retries = 0;
+        self.rto = self.initial_rto;
+        self.rto_deadline = self.has_unacked().then(|| now + self.rto);
+        (true, fatal_acked)
+    }
+
+    /// Records selective acknowledgements.
+    pub fn on_sack(&mut self, blocks: &[wire::SackBlock]) {
+        for block in blocks {
+            let start = if block.start.before(self.snd_una) {
+                self.snd_una
+            } else {
+                block.start
+            };
+            let end = if self.next_send.before(block.end) {
+                self.next_send
+            } else {
+                block.end
+            };
+            if !start.before(end) {
+                continue;
+            }
+            self.sacked.push((start, end));
+        }
+        self.sacked.sort_by_key(|a| a.0);
+        let mut merged: Vec<(Psn, Psn)> = Vec::with_capacity(self.sacked.len());
+        for &(s, e) in &self.sacked {
+            match merged.last_mut() {
+                Some(last) if !last.1.before(s) => {
+                    if last.1.before(e) {
+                        last.1 = e;
+                    }
+                }
+                _ => merged.push((s, e)),
+            }
+        }
+        self.sacked = merged;
+    }
+
+    /// The peer saw a gap at `psn`: resend from there.
+    pub fn on_sequence_nak(&mut self, psn: Psn) {
+        if psn.before(self.snd_una) || !psn.before(self.next_send) {
+            return;
+        }
+        if self.rtx.is_none_or(|c| psn.before(c)) {
+            self.rtx = Some(psn);
+        }
+    }
+
+    /// The peer had no receive for the message at `psn`: pause, then resend it. Returns false
+    /// when the receiver-not-ready budget is spent.
+    pub fn on_rnr_nak(&mut self, psn: Psn, delay: Duration, now: Time) -> bool {
+        if psn.before(self.snd_una) || !psn.before(self.next_send) {
+            return true;
+        }
+        self.rnr_retries += 1;
+        if self.rnr_retries > self.max_rnr_retries {
+            return false;
+        }
+        self.rtx = Some(psn);
+        let resume = now + delay;
+        self.hold_until = Some(resume);
+        self.rto_deadline = Some(resume + self.rto);
+        true
+    }
+
+    /// Keeps the retransmission timer armed while the connection waits for the peer (unacked
+    /// packets, or READ and atomic responses), and disarmed otherwise.
+    pub fn arm(&mut self, now: Time, awaiting_response: bool) {
+        if !self.has_unacked() && !awaiting_response {
+            self.rto_deadline = None;
+        } else if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now + self.rto);
+        }
+    }
+
+    /// A response arrived while nothing of ours was unacknowledged: the peer is alive and
+    /// working, so the retry count starts over.
+    pub fn on_response_progress(&mut self, now: Time) {
+        if !self.has_unacked() {
+            self.retries = 0;
+            self.rto = self.initial_rto;
+            self.rto_deadline = Some(now + self.rto);
+        }
+    }
+
+    /// Handles the retransmission deadline.
+    pub fn on_timeout(&mut self, now: Time) -> TimeoutAction {
+        if self.rto_deadline.is_none_or(|d| now < d) || self.hold_until.is_some_and(|h| now < h) {
+            return TimeoutAction::Nothing;
+        }
+        self.retries += 1;
+        if self.retries > self.max_retries {
+            return TimeoutAction::GiveUp;
+        }
+        self.rto = (self.rto * 2).min(self.max_rto);
+        self.rto_deadline = Some(now + self.rto);
+        if self.has_unacked() {
+            self.rtx = Some(self.snd_una);
+            TimeoutAction::Retransmit
+        } else {
+            TimeoutAction::Probe
+        }
+    }
+}

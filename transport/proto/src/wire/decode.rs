@@ -1,0 +1,234 @@
+//! Decoding: checks come first (length, magic, version, CRC, opcode, flags, declared lengths),
+//! then fields are read through a bounds-checked cursor.
+
+use thiserror::Error;
+
+use super::bytes::Reader;
+use super::opcode::{ErrorCode, NakCode, Opcode};
+use super::{
+    COMMON_HEADER_LEN, Ext, Handshake, Header, KNOWN_FLAGS, MAGIC, MAX_SACK_BLOCKS, Remote,
+    SackBlock, SackList, Segment, VERSION, crc_of,
+};
+use crate::seq::Psn;
+
+/// Why a datagram was rejected. A rejected datagram has no effect on any connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+pub enum DecodeError {
+    /// Shorter than the common header.
+    #[error("datagram of {0} bytes is shorter than the 32-byte header")]
+    TooShort(usize),
+    /// Does not start with the tbrdma magic.
+    #[error("not a tbrdma datagram (bad magic)")]
+    BadMagic,
+    /// A protocol version this build does not speak.
+    #[error("protocol version {0} is not supported (this build speaks version 1)")]
+    UnsupportedVersion(u8),
+    /// The CRC does not match: the datagram was corrupted.
+    #[error("CRC mismatch: datagram corrupted")]
+    BadCrc,
+    /// An opcode byte this version does not define.
+    #[error("unknown opcode {0:#04x}")]
+    UnknownOpcode(u8),
+    /// Flag bits this version does not define.
+    #[error("unknown flag bits {0:#06x}")]
+    UnknownFlags(u16),
+    /// The declared lengths do not add up to the datagram's size.
+    #[error("declared length {declared} does not match datagram length {actual}")]
+    LengthMismatch {
+        /// Header + extension + declared payload.
+        declared: usize,
+        /// Bytes received.
+        actual: usize,
+    },
+    /// A field holds a value the protocol forbids.
+    #[error("malformed datagram: {0}")]
+    Malformed(&'static str),
+}
+
+/// A decoded datagram borrowing its payload from the receive buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packet<'a> {
+    /// The common header.
+    pub header: Header,
+    /// The opcode-specific part.
+    pub ext: Ext,
+    /// Payload bytes (empty for control packets).
+    pub payload: &'a [u8],
+}
+
+/// Decodes one datagram. Never panics, never reads outside `datagram`.
+pub fn decode(datagram: &[u8]) -> Result<Packet<'_>, DecodeError> {
+    if datagram.len() < COMMON_HEADER_LEN {
+        return Err(DecodeError::TooShort(datagram.len()));
+    }
+    let mut r = Reader::new(datagram);
+    let magic = [r.u8().unwrap_or(0), r.u8().unwrap_or(0)];
+    if magic != MAGIC {
+        return Err(DecodeError::BadMagic);
+    }
+    let version = r.u8().ok_or(DecodeError::TooShort(datagram.len()))?;
+    if version != VERSION {
+        return Err(DecodeError::UnsupportedVersion(version));
+    }
+    let opcode_byte = r.u8().ok_or(DecodeError::TooShort(datagram.len()))?;
+    let crc = r.u32().ok_or(DecodeError::TooShort(datagram.len()))?;
+    if crc != crc_of(datagram) {
+        return Err(DecodeError::BadCrc);
+    }
+    let opcode = Opcode::from_u8(opcode_byte).ok_or(DecodeError::UnknownOpcode(opcode_byte))?;
+    let short = DecodeError::TooShort(datagram.len());
+    let token = r.u64().ok_or(short)?;
+    let dest_qpn = r.u32().ok_or(short)?;
+    let psn = Psn(r.u32().ok_or(short)?);
+    let ack_psn = Psn(r.u32().ok_or(short)?);
+    let flags = r.u16().ok_or(short)?;
+    let payload_len = usize::from(r.u16().ok_or(short)?);
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(DecodeError::UnknownFlags(flags & !KNOWN_FLAGS));
+    }
+    let ext_len = opcode.ext_len();
+    let declared = COMMON_HEADER_LEN + ext_len + payload_len;
+    if declared != datagram.len() {
+        return Err(DecodeError::LengthMismatch {
+            declared,
+            actual: datagram.len(),
+        });
+    }
+    if payload_len > 0 && !opcode.carries_payload() {
+        return Err(DecodeError::Malformed(
+            "payload on an opcode that carries none",
+        ));
+    }
+    let header = Header {
+        opcode,
+        token,
+        dest_qpn,
+        psn,
+        ack_psn,
+        flags,
+    };
+    let payload_start = COMMON_HEADER_LEN + ext_len;
+    let payload = datagram.get(payload_start..).ok_or(short)?;
+    let ext = decode_ext(&mut r, opcode, payload)?;
+    if let Some(seg) = ext.segment() {
+        let end = seg.offset.checked_add(payload.len() as u64);
+        if end.is_none_or(|end| end > seg.msg_len) {
+            return Err(DecodeError::Malformed(
+                "segment runs past the end of its message",
+            ));
+        }
+    }
+    let payload = if opcode == Opcode::Ack {
+        &[][..]
+    } else {
+        payload
+    };
+    Ok(Packet {
+        header,
+        ext,
+        payload,
+    })
+}
+
+fn decode_ext(r: &mut Reader<'_>, opcode: Opcode, payload: &[u8]) -> Result<Ext, DecodeError> {
+    let short = DecodeError::Malformed("extension header truncated");
+    let segment = |r: &mut Reader<'_>| -> Option<Segment> {
+        Some(Segment {
+            msg_first_psn: Psn(r.u32()?),
+            imm_or_req: r.u32()?,
+            offset: r.u64()?,
+            msg_len: r.u64()?,
+        })
+    };
+    let remote = |r: &mut Reader<'_>| -> Option<Remote> {
+        let rkey = r.u32()?;
+        r.skip(4)?;
+        Some(Remote {
+            rkey,
+            addr: r.u64()?,
+        })
+    };
+    let handshake = |r: &mut Reader<'_>| -> Option<Handshake> {
+        Some(Handshake {
+            src_qpn: r.u32()?,
+            initial_psn: Psn(r.u32()?),
+            max_payload: r.u32()?,
+            window: r.u32()?,
+        })
+    };
+    Ok(match opcode {
+        Opcode::Send => Ext::Send(segment(r).ok_or(short)?),
+        Opcode::Write => Ext::Write(segment(r).ok_or(short)?, remote(r).ok_or(short)?),
+        Opcode::WriteWithImm => {
+            Ext::WriteWithImm(segment(r).ok_or(short)?, remote(r).ok_or(short)?)
+        }
+        Opcode::ReadResponse => Ext::ReadResponse(segment(r).ok_or(short)?),
+        Opcode::ReadRequest => Ext::ReadRequest {
+            remote: remote(r).ok_or(short)?,
+            len: r.u64().ok_or(short)?,
+        },
+        Opcode::FetchAdd => {
+            let remote = remote(r).ok_or(short)?;
+            let add = r.u64().ok_or(short)?;
+            r.skip(8).ok_or(short)?;
+            Ext::FetchAdd { remote, add }
+        }
+        Opcode::CmpSwap => Ext::CmpSwap {
+            remote: remote(r).ok_or(short)?,
+            compare: r.u64().ok_or(short)?,
+            swap: r.u64().ok_or(short)?,
+        },
+        Opcode::AtomicResponse => {
+            let req_psn = Psn(r.u32().ok_or(short)?);
+            r.skip(4).ok_or(short)?;
+            Ext::AtomicResponse {
+                req_psn,
+                original: r.u64().ok_or(short)?,
+            }
+        }
+        Opcode::FatalNak => {
+            let req_psn = Psn(r.u32().ok_or(short)?);
+            let code = r.u8().ok_or(short)?;
+            let code =
+                ErrorCode::from_u8(code).ok_or(DecodeError::Malformed("unknown error code"))?;
+            Ext::FatalNak { req_psn, code }
+        }
+        Opcode::Ack => {
+            let window = r.u32().ok_or(short)?;
+            let count = usize::from(r.u8().ok_or(short)?);
+            if count > MAX_SACK_BLOCKS || payload.len() != count * 8 {
+                return Err(DecodeError::Malformed(
+                    "SACK block count does not match payload",
+                ));
+            }
+            let mut blocks = Reader::new(payload);
+            let mut sacks = SackList::default();
+            for _ in 0..count {
+                let start = Psn(blocks.u32().ok_or(short)?);
+                let end = Psn(blocks.u32().ok_or(short)?);
+                if !start.before(end) {
+                    return Err(DecodeError::Malformed("empty or inverted SACK block"));
+                }
+                sacks.push(SackBlock { start, end });
+            }
+            Ext::Ack { window, sacks }
+        }
+        Opcode::Nak => {
+            let psn = Psn(r.u32().ok_or(short)?);
+            let code = r.u8().ok_or(short)?;
+            let code = NakCode::from_u8(code).ok_or(DecodeError::Malformed("unknown NAK code"))?;
+            r.skip(3).ok_or(short)?;
+            Ext::Nak {
+                psn,
+                code,
+                rnr_delay_us: r.u32().ok_or(short)?,
+            }
+        }
+        Opcode::Connect => Ext::Connect(handshake(r).ok_or(short)?),
+        Opcode::Accept => Ext::Accept(handshake(r).ok_or(short)?),
+        Opcode::Close => Ext::Close {
+            reason: r.u32().ok_or(short)?,
+        },
+        Opcode::KeepAlive => Ext::KeepAlive,
+    })
+}

@@ -1,0 +1,194 @@
+use proptest::prelude::*;
+
+use super::*;
+
+fn header(opcode: Opcode) -> Header {
+    Header {
+        opcode,
+        token: 0x0123_4567_89ab_cdef,
+        dest_qpn: 42,
+        psn: Psn(1000),
+        ack_psn: Psn(77),
+        flags: FLAG_ACK_VALID,
+    }
+}
+
+fn encode(ext: &Ext, payload: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; MAX_HEADER_LEN + 8 * MAX_SACK_BLOCKS + payload.len()];
+    let h = header(ext.opcode());
+    let n = write_header(&mut buf, &h, ext, payload.len());
+    buf[n..n + payload.len()].copy_from_slice(payload);
+    buf.truncate(n + payload.len());
+    seal(&mut buf);
+    buf
+}
+
+fn sample_exts() -> Vec<(Ext, Vec<u8>)> {
+    let seg = Segment {
+        msg_first_psn: Psn(990),
+        imm_or_req: 5,
+        offset: 16,
+        msg_len: 20,
+    };
+    let remote = Remote {
+        rkey: 0xdead_beef,
+        addr: 0x7fff_0000_1000,
+    };
+    let mut sacks = SackList::default();
+    sacks.push(SackBlock {
+        start: Psn(80),
+        end: Psn(90),
+    });
+    sacks.push(SackBlock {
+        start: Psn(95),
+        end: Psn(96),
+    });
+    vec![
+        (Ext::Send(seg), vec![1, 2, 3, 4]),
+        (Ext::Write(seg, remote), vec![9; 4]),
+        (Ext::WriteWithImm(seg, remote), vec![]),
+        (
+            Ext::ReadRequest {
+                remote,
+                len: 1 << 33,
+            },
+            vec![],
+        ),
+        (Ext::ReadResponse(seg), vec![7; 4]),
+        (Ext::FetchAdd { remote, add: 3 }, vec![]),
+        (
+            Ext::CmpSwap {
+                remote,
+                compare: 1,
+                swap: 2,
+            },
+            vec![],
+        ),
+        (
+            Ext::AtomicResponse {
+                req_psn: Psn(5),
+                original: u64::MAX,
+            },
+            vec![],
+        ),
+        (
+            Ext::FatalNak {
+                req_psn: Psn(6),
+                code: ErrorCode::RemoteAccess,
+            },
+            vec![],
+        ),
+        (Ext::Ack { window: 256, sacks }, vec![]),
+        (
+            Ext::Nak {
+                psn: Psn(8),
+                code: NakCode::ReceiverNotReady,
+                rnr_delay_us: 100,
+            },
+            vec![],
+        ),
+        (
+            Ext::Connect(Handshake {
+                src_qpn: 3,
+                initial_psn: Psn(u32::MAX),
+                max_payload: 65420,
+                window: 512,
+            }),
+            vec![],
+        ),
+        (
+            Ext::Accept(Handshake {
+                src_qpn: 4,
+                initial_psn: Psn(0),
+                max_payload: 1400,
+                window: 64,
+            }),
+            vec![],
+        ),
+        (Ext::Close { reason: 0 }, vec![]),
+        (Ext::KeepAlive, vec![]),
+    ]
+}
+
+#[test]
+fn every_opcode_round_trips() {
+    for (ext, payload) in sample_exts() {
+        let bytes = encode(&ext, &payload);
+        let packet = decode(&bytes).unwrap_or_else(|e| panic!("{ext:?}: {e}"));
+        assert_eq!(packet.ext, ext);
+        assert_eq!(packet.header, header(ext.opcode()));
+        assert_eq!(packet.payload, &payload[..]);
+    }
+}
+
+#[test]
+fn any_flipped_bit_is_rejected() {
+    for (ext, payload) in sample_exts() {
+        let bytes = encode(&ext, &payload);
+        for bit in 0..bytes.len() * 8 {
+            let mut bad = bytes.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert!(decode(&bad).is_err(), "{ext:?}: flipped bit {bit} accepted");
+        }
+    }
+}
+
+#[test]
+fn truncation_and_extension_are_rejected() {
+    for (ext, payload) in sample_exts() {
+        let bytes = encode(&ext, &payload);
+        for len in 0..bytes.len() {
+            assert!(decode(&bytes[..len]).is_err());
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        seal(&mut longer);
+        assert!(matches!(
+            decode(&longer),
+            Err(DecodeError::LengthMismatch { .. })
+        ));
+    }
+}
+
+#[test]
+fn segment_past_message_end_is_rejected() {
+    let seg = Segment {
+        msg_first_psn: Psn(1),
+        imm_or_req: 0,
+        offset: 10,
+        msg_len: 12,
+    };
+    let bytes = encode(&Ext::Send(seg), &[0; 3]);
+    assert_eq!(
+        decode(&bytes),
+        Err(DecodeError::Malformed(
+            "segment runs past the end of its message"
+        ))
+    );
+}
+
+#[test]
+fn wrong_version_is_named() {
+    let mut bytes = encode(&Ext::KeepAlive, &[]);
+    bytes[2] = 9;
+    seal(&mut bytes);
+    assert_eq!(decode(&bytes), Err(DecodeError::UnsupportedVersion(9)));
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let _ = decode(&bytes);
+    }
+
+    #[test]
+    fn arbitrary_bytes_with_valid_crc_never_panic(mut bytes in proptest::collection::vec(any::<u8>(), 32..200), opcode in 0u8..0x30) {
+        bytes[0..2].copy_from_slice(&MAGIC);
+        bytes[2] = VERSION;
+        bytes[3] = opcode;
+        let len = (bytes.len() - COMMON_HEADER_LEN) as u16;
+        bytes[30..32].copy_from_slice(&len.to_le_bytes());
+        seal(&mut bytes);
+        let _ = decode(&bytes);
+    }
+}
