@@ -45,8 +45,8 @@ impl Detector {
     /// Finds this host's links.
     pub fn detect(&self) -> Result<Inventory> {
         let mut inventory = match &self.links_file {
-            Some(file) => self.from_links_file(file)?,
-            None => self.from_thunderbolt()?,
+            Some(file) => self.detect_links_file(file)?,
+            None => self.detect_thunderbolt()?,
         };
         if !self.only.is_empty() {
             inventory.links.retain(|l| self.only.contains(&l.interface));
@@ -72,7 +72,7 @@ impl Detector {
         self.sysfs_root.join("class/net")
     }
 
-    fn from_thunderbolt(&self) -> Result<Inventory> {
+    fn detect_thunderbolt(&self) -> Result<Inventory> {
         let class_net = self.class_net();
         let mut links = Vec::new();
         let mut host = None;
@@ -114,7 +114,7 @@ impl Detector {
         Ok(Inventory { host, links })
     }
 
-    fn from_links_file(&self, file: &LinksFile) -> Result<Inventory> {
+    fn detect_links_file(&self, file: &LinksFile) -> Result<Inventory> {
         let mut links = Vec::new();
         for explicit in &file.links {
             if !self.class_net().join(&explicit.interface).exists() {

@@ -144,11 +144,11 @@ pub fn discover(local: &HostRecord, options: &DiscoveryOptions) -> Result<Vec<Ho
                     continue;
                 }
                 channel.peer_digest = Some(message.digest);
+                // A host is the authority on its own record; others only fill gaps.
                 for record in message.view {
-                    if record.uuid == message.from || !view.contains_key(&record.uuid) {
-                        if record.uuid != local.uuid {
-                            view.insert(record.uuid.clone(), record);
-                        }
+                    let news = record.uuid == message.from || !view.contains_key(&record.uuid);
+                    if news && record.uuid != local.uuid {
+                        view.insert(record.uuid.clone(), record);
                     }
                 }
             }

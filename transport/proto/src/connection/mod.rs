@@ -606,14 +606,25 @@ impl Connection {
     }
 
     /// Moves posted requests into the outgoing stream once the connection is established.
+    ///
+    /// A request that changes the peer's memory (SEND, WRITE, atomics) waits until every READ
+    /// posted before it has its response: the responder reads memory when it sends (and
+    /// resends) response packets, so letting a later WRITE overtake would let the READ see the
+    /// WRITE's data. This is verbs' `IBV_SEND_FENCE`, applied always (see docs/semantics.md).
     fn enqueue_posted(&mut self) {
         let max_payload = self.max_payload;
+        let mut read_pending = self.sq.awaits_read_response();
         for entry in self.sq.unqueued_mut() {
             if entry.local_error {
                 // Nothing after a request that can never run is sent: it fails the connection
                 // when it reaches the head of the queue, and everything behind it is flushed.
                 break;
             }
+            let is_read = matches!(entry.wr.op, SendOp::Read { .. });
+            if read_pending && !is_read {
+                break;
+            }
+            read_pending |= is_read;
             let (first, last) = self.tx.push_request(entry, max_payload);
             entry.first_psn = first;
             entry.last_psn = last;
@@ -646,6 +657,9 @@ impl Connection {
             ConnectionState::Established | ConnectionState::Draining
         ) {
             self.drain_send_queue();
+        }
+        if self.state == ConnectionState::Established {
+            self.enqueue_posted();
         }
         if matches!(
             self.state,

@@ -110,6 +110,13 @@ impl SendQueue {
             .any(|e| e.queued && e.needs_response() && !e.responded)
     }
 
+    /// Whether a READ that was sent still waits for its response.
+    pub fn awaits_read_response(&self) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.queued && matches!(e.wr.op, SendOp::Read { .. }) && !e.responded)
+    }
+
     /// Marks every request whose packets all come before `snd_una` as acknowledged.
     pub fn mark_acked_before(&mut self, snd_una: Psn) {
         for entry in self.entries.iter_mut() {

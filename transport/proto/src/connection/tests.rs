@@ -774,3 +774,47 @@ fn corrupted_and_foreign_datagrams_are_dropped() {
     );
     assert!(p.b.conn.stats().corrupted > 0);
 }
+
+#[test]
+fn write_after_read_does_not_overtake_it() {
+    let config = Config {
+        max_datagram: 1472,
+        ..Config::default()
+    };
+    let mut p = pair_with(LinkConfig::default(), config);
+    let src = p.b.mem.alloc(2 << 20, RW);
+    let dst = p.a.mem.alloc(2 << 20, Access::LOCAL_WRITE);
+    let data = pattern(2 << 20, 9);
+    p.b.mem.fill(&src, 0, &data);
+    let wr = SendWr {
+        wr_id: 5,
+        local: sge(&dst, 0, 240319),
+        op: SendOp::Read {
+            remote: remote(&src, 721287),
+        },
+    };
+    p.a.post_send(wr).unwrap();
+    let w = SendWr {
+        wr_id: 6,
+        local: sge(&dst, 1000000, 1),
+        op: SendOp::Write {
+            remote: remote(&src, 901505),
+        },
+    };
+    p.a.post_send(w).unwrap();
+    let settled = p.drive(STEPS);
+    let wcs = p.a.take_completions();
+    assert!(
+        settled,
+        "{:?} {:?} {:?} {:?} {:?}",
+        p.now,
+        p.a.conn.stats(),
+        wcs,
+        p.a.conn.outstanding_sends(),
+        p.b.conn.stats()
+    );
+    let got = p.a.mem.bytes(&dst, 0, 240319);
+    let want = &data[721287..721287 + 240319];
+    let diff = got.iter().zip(want).position(|(a, b)| a != b);
+    assert_eq!(diff, None, "{:?}", p.a.take_completions());
+}

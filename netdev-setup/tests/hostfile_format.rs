@@ -1,0 +1,151 @@
+//! The hostfile format: round trip, rank order, topology recognition, and errors on input
+//! that does not describe a cluster. No root needed.
+
+use tbrdma_netdev::addressing::cable_addresses;
+use tbrdma_netdev::hostfile::{HostRecord, Hostfile, RecordLink, TopologyKind};
+
+/// Records for hosts `uuids` cabled along `edges` (index pairs), `rails` cables each.
+fn records(uuids: &[&str], edges: &[(usize, usize)], rails: u32) -> Vec<HostRecord> {
+    let mut records: Vec<HostRecord> = uuids
+        .iter()
+        .map(|u| HostRecord {
+            uuid: (*u).into(),
+            name: format!("host-{u}"),
+            links: Vec::new(),
+        })
+        .collect();
+    for &(a, b) in edges {
+        for rail in 0..rails {
+            for (from, to) in [(a, b), (b, a)] {
+                let addresses = cable_addresses(uuids[from], uuids[to], rail);
+                let interface = format!("thunderbolt{}", records[from].links.len());
+                records[from].links.push(RecordLink {
+                    interface,
+                    address: addresses.local,
+                    prefix_len: 30,
+                    peer_uuid: uuids[to].into(),
+                    peer_address: addresses.peer,
+                    rail,
+                });
+            }
+        }
+    }
+    records
+}
+
+fn ring(n: usize) -> Vec<(usize, usize)> {
+    (0..n).map(|i| (i, (i + 1) % n)).collect()
+}
+
+#[test]
+fn round_trip() {
+    let uuids = ["d", "a", "c", "b", "e"];
+    let hostfile = Hostfile::from_records(&records(&uuids, &ring(5), 2)).unwrap();
+    let text = hostfile.to_json();
+    assert_eq!(Hostfile::parse(&text).unwrap(), hostfile);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hostfile.json");
+    hostfile.save(&path).unwrap();
+    assert_eq!(Hostfile::load(&path).unwrap(), hostfile);
+}
+
+#[test]
+fn record_order_does_not_matter() {
+    let uuids = ["d", "a", "c", "b"];
+    let mut recs = records(&uuids, &ring(4), 1);
+    let first = Hostfile::from_records(&recs).unwrap();
+    recs.reverse();
+    assert_eq!(Hostfile::from_records(&recs).unwrap(), first);
+}
+
+#[test]
+fn ring_ranks_follow_the_cables() {
+    // Cabled d-a-c-b-e-d: rank 0 is "a", then its lower neighbour "c", …
+    let uuids = ["d", "a", "c", "b", "e"];
+    let hostfile = Hostfile::from_records(&records(&uuids, &ring(5), 1)).unwrap();
+    assert_eq!(hostfile.topology.kind, TopologyKind::Ring);
+    let order: Vec<&str> = hostfile.ranks.iter().map(|r| r.uuid.as_str()).collect();
+    assert_eq!(order, ["a", "c", "b", "e", "d"]);
+    for rank in &hostfile.ranks {
+        let n = hostfile.ranks.len();
+        let mut peers: Vec<usize> = rank.links.iter().map(|l| l.peer).collect();
+        peers.sort();
+        let mut want = vec![(rank.rank + 1) % n, (rank.rank + n - 1) % n];
+        want.sort();
+        assert_eq!(
+            peers, want,
+            "rank {} is cabled to its ring neighbours",
+            rank.rank
+        );
+    }
+}
+
+#[test]
+fn recognises_topologies_and_rails() {
+    type Case<'a> = (&'a [&'a str], Vec<(usize, usize)>, u32, TopologyKind);
+    let cases: [Case<'_>; 5] = [
+        (&["a", "b"], vec![(0, 1)], 2, TopologyKind::Pair),
+        (
+            &["a", "b", "c"],
+            vec![(0, 1), (1, 2), (0, 2)],
+            1,
+            TopologyKind::Mesh,
+        ),
+        (&["a", "b", "c", "d"], ring(4), 2, TopologyKind::Ring),
+        (
+            &["a", "b", "c"],
+            vec![(0, 1), (1, 2)],
+            1,
+            TopologyKind::Other,
+        ),
+        (&["a"], vec![], 0, TopologyKind::Single),
+    ];
+    for (uuids, edges, rails, kind) in cases {
+        let hostfile = Hostfile::from_records(&records(uuids, &edges, rails.max(1))).unwrap();
+        assert_eq!(hostfile.topology.kind, kind, "{uuids:?}");
+        assert_eq!(hostfile.topology.rails, rails, "{uuids:?}");
+    }
+}
+
+#[test]
+fn links_carry_addresses_both_ways() {
+    let hostfile = Hostfile::from_records(&records(&["a", "b"], &[(0, 1)], 2)).unwrap();
+    let (r0, r1) = (&hostfile.ranks[0], &hostfile.ranks[1]);
+    for rail in 0..2 {
+        let l0 = r0.links.iter().find(|l| l.rail == rail).unwrap();
+        let l1 = r1.links.iter().find(|l| l.rail == rail).unwrap();
+        assert_eq!((l0.address, l0.peer_address), (l1.peer_address, l1.address));
+        assert_eq!((l0.peer, l1.peer), (1, 0));
+    }
+}
+
+#[test]
+fn rejects_what_is_not_a_cluster() {
+    let mut recs = records(&["a", "b"], &[(0, 1)], 1);
+    recs.pop();
+    let error = Hostfile::from_records(&recs).unwrap_err().to_string();
+    assert!(error.contains("unknown host b"), "{error}");
+
+    let recs = records(&["a", "a"], &[], 1);
+    assert!(
+        Hostfile::from_records(&recs)
+            .unwrap_err()
+            .to_string()
+            .contains("two hosts claim")
+    );
+
+    assert!(Hostfile::parse("{").is_err());
+    let mut hostfile = Hostfile::from_records(&records(&["a", "b"], &[(0, 1)], 1)).unwrap();
+    hostfile.ranks[0].links[0].peer = 7;
+    assert!(
+        Hostfile::parse(&hostfile.to_json())
+            .unwrap_err()
+            .contains("rank 7")
+    );
+    hostfile.version = 99;
+    assert!(
+        Hostfile::parse(&hostfile.to_json())
+            .unwrap_err()
+            .contains("version 99")
+    );
+}
