@@ -43,7 +43,8 @@ pub fn cables(inventory: &Inventory) -> Result<Vec<Cable>> {
         for (position, link) in links.iter().enumerate() {
             let peer = link.peer.clone().expect("grouped by peer");
             let rail = link.rail.unwrap_or(position as u32);
-            let addresses = cable_addresses(&host.uuid, &peer.uuid, rail);
+            let local_uuid = link.local_uuid.as_deref().unwrap_or(&host.uuid);
+            let addresses = cable_addresses(local_uuid, &peer.uuid, rail);
             out.push(Cable {
                 interface: link.interface.clone(),
                 peer,

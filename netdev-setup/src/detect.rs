@@ -6,8 +6,9 @@
 //! The sysfs layout it relies on (Linux `drivers/thunderbolt`, `drivers/net/thunderbolt`):
 //! `class/net/thunderbolt0/device` links to the XDomain *service* (`…/domain0/0-0/0-1/0-1.0`),
 //! whose `driver` is `thunderbolt-net`; its parent is the XDomain (`0-1`) with the remote
-//! host's `unique_id` and `device_name`; the domain's root switch (`0-0`) holds this host's
-//! `unique_id`.
+//! host's `unique_id` and `device_name`; the domain's root switch (`0-0`) holds the UUID this
+//! host shows on that cable. A host with two USB4 host routers has two domains and two UUIDs;
+//! the lowest names the host, and each cable is addressed with its own router's.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -75,11 +76,14 @@ impl Detector {
     fn detect_thunderbolt(&self) -> Result<Inventory> {
         let class_net = self.class_net();
         let mut links = Vec::new();
-        let mut host = None;
         let entries = match fs::read_dir(&class_net) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Inventory { host: None, links });
+                return Ok(Inventory {
+                    host: None,
+                    host_uuids: Vec::new(),
+                    links,
+                });
             }
             Err(e) => return Err(NetdevError::io("listing", &class_net, e)),
         };
@@ -95,23 +99,44 @@ impl Detector {
             }
             let mut link = self.read_interface(&name)?;
             link.driver = driver;
-            let xdomain = service.parent().map(Path::to_path_buf);
-            if let Some(xdomain) = &xdomain {
+            if let Some(xdomain) = service.parent() {
                 link.port = xdomain
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned());
                 link.peer = read_identity(xdomain);
-                if host.is_none() {
-                    host = root_switch_uuid(xdomain).map(|uuid| HostIdentity {
-                        uuid,
-                        name: local_host_name(),
-                    });
-                }
+                link.local_uuid = root_switch_uuid(xdomain);
             }
             link.target_mtu = Some(THUNDERBOLT_MAX_MTU);
             links.push(link);
         }
-        Ok(Inventory { host, links })
+        let mut host_uuids = self.domain_uuids();
+        host_uuids.extend(links.iter().filter_map(|l| l.local_uuid.clone()));
+        host_uuids.sort();
+        host_uuids.dedup();
+        let host = host_uuids.first().map(|uuid| HostIdentity {
+            uuid: uuid.clone(),
+            name: local_host_name(),
+        });
+        Ok(Inventory {
+            host,
+            host_uuids,
+            links,
+        })
+    }
+
+    /// The UUIDs of every Thunderbolt domain's root switch (`N-0`): one per host router. A
+    /// host with two USB4 routers (two ports on separate controllers) has two, and shows its
+    /// peers a different one on each cable; the lowest names the host.
+    fn domain_uuids(&self) -> Vec<String> {
+        let devices = self.sysfs_root.join("bus/thunderbolt/devices");
+        fs::read_dir(devices)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| is_root_switch(&e.file_name().to_string_lossy()))
+            .filter_map(|e| read_trimmed(&e.path().join("unique_id")))
+            .map(|u| u.to_ascii_lowercase())
+            .collect()
     }
 
     fn detect_links_file(&self, file: &LinksFile) -> Result<Inventory> {
@@ -132,8 +157,10 @@ impl Detector {
             link.target_mtu = explicit.mtu;
             links.push(link);
         }
+        let host_uuids = vec![file.host.uuid.clone()];
         Ok(Inventory {
             host: Some(file.host.clone()),
+            host_uuids,
             links,
         })
     }
@@ -155,6 +182,7 @@ impl Detector {
             driver,
             peer: None,
             port: None,
+            local_uuid: None,
             rail: None,
             admin_up: flags & 0x1 != 0,
             operstate: read_trimmed(&dir.join("operstate")).unwrap_or_else(|| "unknown".into()),
@@ -183,16 +211,21 @@ fn read_identity(xdomain: &Path) -> Option<HostIdentity> {
 }
 
 /// Walks up from an XDomain to its domain's root switch (`N-0`) and reads its `unique_id`,
-/// which is the UUID this host presents to its peers.
+/// which is the UUID this host presents to the peer on that cable.
 fn root_switch_uuid(xdomain: &Path) -> Option<String> {
     xdomain.ancestors().skip(1).find_map(|dir| {
-        let name = dir.file_name()?.to_str()?;
-        let (domain, route) = name.split_once('-')?;
-        if route == "0" && domain.chars().all(|c| c.is_ascii_digit()) {
+        if is_root_switch(dir.file_name()?.to_str()?) {
             read_trimmed(&dir.join("unique_id")).map(|s| s.to_ascii_lowercase())
         } else {
             None
         }
+    })
+}
+
+/// `0-0`, `1-0`, …: a domain's host router.
+fn is_root_switch(name: &str) -> bool {
+    name.split_once('-').is_some_and(|(domain, route)| {
+        route == "0" && !domain.is_empty() && domain.chars().all(|c| c.is_ascii_digit())
     })
 }
 

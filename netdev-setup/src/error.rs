@@ -26,9 +26,7 @@ pub enum NetdevError {
         message: String,
     },
     /// A step needs privileges this process does not have.
-    #[error(
-        "`{step}` needs root (CAP_NET_ADMIN / CAP_SYS_ADMIN); run it with sudo, or pass --dry-run to only see the plan"
-    )]
+    #[error("`{step}` needs root (CAP_NET_ADMIN / CAP_SYS_ADMIN); run it with sudo")]
     NeedsRoot {
         /// The plan step or lab action that needs it.
         step: String,

@@ -33,6 +33,9 @@ pub struct Link {
     /// The local Thunderbolt port the cable is in (XDomain device name, e.g. `0-1`); orders
     /// several cables to the same peer.
     pub port: Option<String>,
+    /// The UUID this host shows the peer on this cable: its Thunderbolt domain's, which
+    /// differs between cables on separate USB4 host routers. `None`: the host's UUID.
+    pub local_uuid: Option<String>,
     /// Explicit rail index among the cables to the same peer (links file); overrides `port`.
     pub rail: Option<u32>,
     /// Administratively up (`IFF_UP`).
@@ -63,6 +66,9 @@ impl Link {
 pub struct Inventory {
     /// This host, when it could be determined (no Thunderbolt domain and no links file: none).
     pub host: Option<HostIdentity>,
+    /// Every UUID this host answers to (one per Thunderbolt domain), sorted; `host.uuid` is
+    /// the first.
+    pub host_uuids: Vec<String>,
     /// Links, sorted by interface name.
     pub links: Vec<Link>,
 }

@@ -28,6 +28,7 @@ pub fn path_of(name: &str) -> PathBuf {
 /// Creates an empty network namespace called `name`. Fails if one exists.
 pub fn create(name: &str) -> Result<()> {
     std::fs::create_dir_all(NETNS_DIR).map_err(|e| NetdevError::io("creating", NETNS_DIR, e))?;
+    make_netns_dir_shared(name)?;
     let path = path_of(name);
     File::options()
         .write(true)
@@ -64,6 +65,45 @@ pub fn create(name: &str) -> Result<()> {
                 source,
             }
         }
+    })
+}
+
+/// Makes `/run/netns` a shared mount, as `ip netns add` does. Every thread or process that
+/// enters a namespace gets a copy of the mount table, with a bind mount of *every* named
+/// namespace in it; were those copies private, a long-running `lab exec` would keep other
+/// labs' namespaces (and their interfaces) alive after `lab down`. Shared here and slave in the
+/// copies, an unmount here reaches them all.
+fn make_netns_dir_shared(name: &str) -> Result<()> {
+    let shared = || {
+        mount(
+            None::<&str>,
+            NETNS_DIR,
+            None::<&str>,
+            MsFlags::MS_SHARED | MsFlags::MS_REC,
+            None::<&str>,
+        )
+    };
+    let result = match shared() {
+        // Not a mount point yet: bind it onto itself first.
+        Err(nix::Error::EINVAL) => mount(
+            Some(NETNS_DIR),
+            NETNS_DIR,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .and_then(|()| shared()),
+        other => other,
+    };
+    result.map_err(|source| match source {
+        nix::Error::EPERM => NetdevError::NeedsRoot {
+            step: format!("create network namespace {name}"),
+        },
+        source => NetdevError::Namespace {
+            name: name.into(),
+            action: "share /run/netns",
+            source,
+        },
     })
 }
 

@@ -11,6 +11,7 @@ fn records(uuids: &[&str], edges: &[(usize, usize)], rails: u32) -> Vec<HostReco
         .map(|u| HostRecord {
             uuid: (*u).into(),
             name: format!("host-{u}"),
+            aliases: Vec::new(),
             links: Vec::new(),
         })
         .collect();
@@ -148,4 +149,63 @@ fn rejects_what_is_not_a_cluster() {
             .unwrap_err()
             .contains("version 99")
     );
+}
+
+#[test]
+fn hosts_with_two_usb4_routers_are_one_rank_each() {
+    // Host a has routers a0 and a1, host b has b0 and b1; cable 1 joins a0-b0, cable 2 a1-b1.
+    // Each cable is rail 0 of its own UUID pair, yet the hostfile sees one pair, two rails.
+    let cable = |interface: &str, local: &str, peer: &str| {
+        let addresses = cable_addresses(local, peer, 0);
+        RecordLink {
+            interface: interface.into(),
+            address: addresses.local,
+            prefix_len: 30,
+            peer_uuid: peer.into(),
+            peer_address: addresses.peer,
+            rail: 0,
+        }
+    };
+    let a = HostRecord {
+        uuid: "a0".into(),
+        name: "a".into(),
+        aliases: vec!["a1".into()],
+        links: vec![
+            cable("thunderbolt0", "a0", "b0"),
+            cable("thunderbolt1", "a1", "b1"),
+        ],
+    };
+    let b = HostRecord {
+        uuid: "b0".into(),
+        name: "b".into(),
+        aliases: vec!["b1".into()],
+        links: vec![
+            cable("thunderbolt0", "b0", "a0"),
+            cable("thunderbolt1", "b1", "a1"),
+        ],
+    };
+    let hostfile = Hostfile::from_records(&[b, a]).unwrap();
+    assert_eq!(hostfile.topology.kind, TopologyKind::Pair);
+    assert_eq!(hostfile.topology.rails, 2);
+    let rails = |rank: usize| -> Vec<(u32, std::net::Ipv4Addr)> {
+        hostfile.ranks[rank]
+            .links
+            .iter()
+            .map(|l| (l.rail, l.address))
+            .collect()
+    };
+    let (r0, r1) = (rails(0), rails(1));
+    assert_eq!(r0.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 1]);
+    for (rail, address) in &r0 {
+        let other = hostfile.ranks[1]
+            .links
+            .iter()
+            .find(|l| l.rail == *rail)
+            .unwrap();
+        assert_eq!(
+            other.peer_address, *address,
+            "both ends agree on rail {rail}"
+        );
+    }
+    assert_eq!(r1.len(), 2);
 }

@@ -53,6 +53,7 @@ fn discover_everywhere(lab: &LabGuard, ranks: usize, port: u16) -> Vec<Hostfile>
                         let options = DiscoveryOptions {
                             port,
                             timeout: Duration::from_secs(20),
+                            interval: Duration::from_millis(20),
                             ..Default::default()
                         };
                         Hostfile::from_records(&discover(&local, &options)?)
@@ -271,4 +272,52 @@ fn bad_lab_input_is_an_error_not_a_panic() {
         let error = lab::up(&bad).unwrap_err().to_string();
         assert!(error.contains(expect), "{error}");
     }
+}
+
+#[test]
+fn down_reaches_the_mount_copies_of_processes_in_other_labs() {
+    if !have_root("down_reaches_the_mount_copies") {
+        return;
+    }
+    // Anything running in a lab namespace (a `lab exec`) has its own copy of the mount table,
+    // with a bind mount of every lab's namespaces; `down` must reach into those copies, or the
+    // namespaces and their veths would live on there.
+    let first = LabGuard::up("copies-a", 2, LabTopology::Pair, 1);
+    let (to_inside, inside_rx) = std::sync::mpsc::channel::<String>();
+    let (inside_tx, from_inside) = std::sync::mpsc::channel::<usize>();
+    let count_mounts = |name: &str| {
+        std::fs::read_to_string("/proc/thread-self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&format!("/tbl-{name}-r")))
+            .count()
+    };
+    std::thread::scope(|scope| {
+        let namespace = first.namespace(0);
+        scope.spawn(move || {
+            netns::run_in(&namespace, move || {
+                while let Ok(name) = inside_rx.recv() {
+                    inside_tx.send(count_mounts(&name)).unwrap();
+                }
+                Ok(())
+            })
+            .unwrap();
+        });
+        let second = LabGuard::up("copies-b", 2, LabTopology::Pair, 1);
+        let name = second.name.clone();
+        to_inside.send(name.clone()).unwrap();
+        assert_eq!(
+            from_inside.recv().unwrap(),
+            2,
+            "new namespaces show up in the copy"
+        );
+        drop(second);
+        to_inside.send(name.clone()).unwrap();
+        assert_eq!(
+            from_inside.recv().unwrap(),
+            0,
+            "down removed them from the copy too"
+        );
+        drop(to_inside);
+    });
 }

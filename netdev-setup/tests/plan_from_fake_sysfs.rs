@@ -291,3 +291,27 @@ fn interface_filter_rejects_unknown_names() {
         "{error}"
     );
 }
+
+#[test]
+fn two_usb4_routers_address_each_cable_by_its_own_router() {
+    const A1: &str = "0d5e1a2b-0000-0000-ffff-ffffffff00a1";
+    let host = FakeHost::new(Some(A));
+    host.second_router(A1);
+    host.cable("thunderbolt0", 1, B, "strix-b", IfaceState::FRESH);
+    host.cable_on(1, "thunderbolt1", 1, C, "strix-c", IfaceState::FRESH);
+    let inventory = detect(&host);
+    assert_eq!(
+        inventory.host.as_ref().unwrap().uuid,
+        A,
+        "the lowest router UUID names the host"
+    );
+    assert_eq!(inventory.host_uuids, [A, A1]);
+    let mut expected = vec![
+        mtu("thunderbolt0"),
+        address("thunderbolt0", A, B, "strix-b", 0),
+        mtu("thunderbolt1"),
+        address("thunderbolt1", A1, C, "strix-c", 0),
+    ];
+    expected.extend(tuning_steps(&["thunderbolt0", "thunderbolt1"]));
+    assert_eq!(plan_for(&host).steps, expected);
+}

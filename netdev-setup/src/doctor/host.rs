@@ -79,7 +79,7 @@ fn busy_poll(inventory: &Inventory, proc_root: &Path) -> Vec<Check> {
                 Status::Warn,
                 format!("{v}, want {}: {}", target.value, target.why),
             )
-            .fix("run `sudo tbrdma setup`"),
+            .fix("run `sudo tbrdma setup` (in the host namespace: it is host-wide)"),
             None => Check::new(
                 target.key,
                 Status::Skip,

@@ -73,16 +73,43 @@ pub struct DoctorOptions {
 pub struct Report {
     /// In the order they ran.
     pub checks: Vec<Check>,
+    /// How many checks ended in each status, and whether none failed.
+    pub summary: Summary,
+}
+
+/// Counts per status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    /// No check failed.
+    pub ok: bool,
+    /// Passed.
+    pub pass: usize,
+    /// Warned.
+    pub warn: usize,
+    /// Failed.
+    pub fail: usize,
+    /// Skipped.
+    pub skip: usize,
+}
+
+impl Summary {
+    fn of(checks: &[Check]) -> Self {
+        let count = |status| checks.iter().filter(|c| c.status == status).count();
+        let fail = count(Status::Fail);
+        Summary {
+            ok: fail == 0,
+            pass: count(Status::Pass),
+            warn: count(Status::Warn),
+            fail,
+            skip: count(Status::Skip),
+        }
+    }
 }
 
 impl Report {
     /// True when no check failed.
     pub fn ok(&self) -> bool {
-        self.checks.iter().all(|c| c.status != Status::Fail)
-    }
-
-    fn count(&self, status: Status) -> usize {
-        self.checks.iter().filter(|c| c.status == status).count()
+        self.summary.ok
     }
 }
 
@@ -103,10 +130,7 @@ impl fmt::Display for Report {
         writeln!(
             f,
             "{} passed, {} warned, {} failed, {} skipped",
-            self.count(Status::Pass),
-            self.count(Status::Warn),
-            self.count(Status::Fail),
-            self.count(Status::Skip)
+            self.summary.pass, self.summary.warn, self.summary.fail, self.summary.skip
         )
     }
 }
@@ -123,5 +147,6 @@ pub fn run(inventory: &Inventory, options: &DoctorOptions) -> Result<Report> {
         .fix("nothing to do yet; the ICMP reachability checks above cover the links"),
     );
     checks.extend(host::checks(inventory, options));
-    Ok(Report { checks })
+    let summary = Summary::of(&checks);
+    Ok(Report { checks, summary })
 }

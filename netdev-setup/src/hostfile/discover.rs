@@ -18,6 +18,9 @@ use crate::error::{NetdevError, Result};
 use crate::hostfile::format::{HostRecord, RecordLink};
 use crate::inventory::Inventory;
 
+/// The largest UDP payload over IPv4.
+const MAX_DATAGRAM: usize = 65_507;
+
 /// Default UDP port for discovery.
 pub const DEFAULT_PORT: u16 = 18_515;
 
@@ -64,9 +67,16 @@ pub fn local_record(inventory: &Inventory) -> Result<HostRecord> {
             rail: c.rail,
         })
         .collect();
+    let aliases = inventory
+        .host_uuids
+        .iter()
+        .filter(|u| **u != host.uuid)
+        .cloned()
+        .collect();
     Ok(HostRecord {
         uuid: host.uuid,
         name: host.name,
+        aliases,
         links,
     })
 }
@@ -123,6 +133,15 @@ pub fn discover(local: &HostRecord, options: &DiscoveryOptions) -> Result<Vec<Ho
         let now = Instant::now();
         if now >= next_send {
             let bytes = encode(&local.uuid, digest, &view);
+            if bytes.len() > MAX_DATAGRAM {
+                return Err(NetdevError::bad_input(
+                    format!(
+                        "the cluster description ({} bytes) no longer fits one datagram",
+                        bytes.len()
+                    ),
+                    "write the hostfile by hand for clusters this large (docs/hostfile.md)",
+                ));
+            }
             for channel in &channels {
                 // A neighbour that is not up yet refuses; it is asked again next round.
                 let _ = channel.socket.send_to(&bytes, channel.peer);
@@ -140,7 +159,12 @@ pub fn discover(local: &HostRecord, options: &DiscoveryOptions) -> Result<Vec<Ho
                 let Ok(message) = serde_json::from_slice::<Message>(&buf[..len]) else {
                     continue;
                 };
-                if message.v != 1 || message.from != channel.link.peer_uuid {
+                // Only the host this cable leads to may speak on it.
+                let sender_fits = message
+                    .view
+                    .iter()
+                    .any(|r| r.uuid == message.from && r.answers_to(&channel.link.peer_uuid));
+                if message.v != 1 || !sender_fits {
                     continue;
                 }
                 channel.peer_digest = Some(message.digest);
@@ -184,7 +208,11 @@ fn digest_of(view: &BTreeMap<String, HostRecord>) -> u64 {
 
 fn is_closed(view: &BTreeMap<String, HostRecord>) -> bool {
     view.values()
-        .all(|r| r.links.iter().all(|l| view.contains_key(&l.peer_uuid)))
+        .all(|r| r.links.iter().all(|l| knows(view, &l.peer_uuid)))
+}
+
+fn knows(view: &BTreeMap<String, HostRecord>, uuid: &str) -> bool {
+    view.values().any(|r| r.answers_to(uuid))
 }
 
 fn missing(channels: &[Channel<'_>], view: &BTreeMap<String, HostRecord>) -> String {
@@ -197,7 +225,7 @@ fn missing(channels: &[Channel<'_>], view: &BTreeMap<String, HostRecord>) -> Str
         .values()
         .flat_map(|r| r.links.iter())
         .map(|l| l.peer_uuid.as_str())
-        .filter(|u| !view.contains_key(*u))
+        .filter(|u| !knows(view, u))
         .collect();
     let mut parts = Vec::new();
     if !silent.is_empty() {

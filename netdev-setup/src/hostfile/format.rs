@@ -22,8 +22,18 @@ pub struct HostRecord {
     pub uuid: String,
     /// Host name.
     pub name: String,
+    /// Other UUIDs this host shows on some cables (one per extra USB4 host router).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
     /// Its cables.
     pub links: Vec<RecordLink>,
+}
+
+impl HostRecord {
+    /// True when a peer that sees `uuid` at the end of a cable is looking at this host.
+    pub fn answers_to(&self, uuid: &str) -> bool {
+        self.uuid == uuid || self.aliases.iter().any(|a| a == uuid)
+    }
 }
 
 /// One cable as its host sees it.
@@ -35,7 +45,7 @@ pub struct RecordLink {
     pub address: Ipv4Addr,
     /// Prefix length.
     pub prefix_len: u8,
-    /// UUID of the host at the other end.
+    /// UUID the other end shows on this cable (its host's UUID or one of its aliases).
     pub peer_uuid: String,
     /// Address of the other end.
     pub peer_address: Ipv4Addr,
@@ -127,15 +137,21 @@ impl Hostfile {
     ///
     /// Ranks: in a ring, rank 0 is the lowest UUID and ranks follow the cycle towards its
     /// lower-UUID neighbour, so neighbouring ranks are cabled; otherwise ranks are in UUID
-    /// order.
+    /// order. Rails between two ranks are numbered by (record rail, cable subnet), which both
+    /// ends know, so hosts with several USB4 routers (whose cables each start at rail 0) still
+    /// get distinct rails.
     pub fn from_records(records: &[HostRecord]) -> Result<Self> {
         let mut by_uuid: BTreeMap<&str, &HostRecord> = BTreeMap::new();
+        let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
         for record in records {
-            if by_uuid.insert(&record.uuid, record).is_some() {
-                return Err(NetdevError::bad_input(
-                    format!("two hosts claim UUID {}", record.uuid),
-                    "every host needs its own Thunderbolt UUID (links file `host.uuid`)",
-                ));
+            by_uuid.insert(&record.uuid, record);
+            for uuid in std::iter::once(&record.uuid).chain(&record.aliases) {
+                if owner.insert(uuid, &record.uuid).is_some() {
+                    return Err(NetdevError::bad_input(
+                        format!("two hosts claim UUID {uuid}"),
+                        "every host needs its own Thunderbolt UUID (links file `host.uuid`)",
+                    ));
+                }
             }
         }
         let mut neighbours: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
@@ -143,7 +159,7 @@ impl Hostfile {
         for record in by_uuid.values() {
             neighbours.entry(&record.uuid).or_default();
             for link in &record.links {
-                if !by_uuid.contains_key(link.peer_uuid.as_str()) {
+                let Some(peer) = owner.get(link.peer_uuid.as_str()) else {
                     return Err(NetdevError::bad_input(
                         format!(
                             "{} ({}) has a cable to unknown host {}",
@@ -151,14 +167,9 @@ impl Hostfile {
                         ),
                         "run discovery on every host, or drop that cable",
                     ));
-                }
-                neighbours
-                    .entry(&record.uuid)
-                    .or_default()
-                    .insert(&link.peer_uuid);
-                *cable_count
-                    .entry((&record.uuid, &link.peer_uuid))
-                    .or_default() += 1;
+                };
+                neighbours.entry(&record.uuid).or_default().insert(peer);
+                *cable_count.entry((&record.uuid, peer)).or_default() += 1;
             }
         }
         let kind = topology_kind(&neighbours);
@@ -177,19 +188,28 @@ impl Hostfile {
             .enumerate()
             .map(|(rank, uuid)| {
                 let record = by_uuid[uuid];
-                let mut links: Vec<RankLink> = record
+                let mut links: Vec<(RankLink, (u32, Ipv4Addr))> = record
                     .links
                     .iter()
-                    .map(|l| RankLink {
-                        interface: l.interface.clone(),
-                        address: l.address,
-                        prefix_len: l.prefix_len,
-                        peer: rank_of[l.peer_uuid.as_str()],
-                        peer_address: l.peer_address,
-                        rail: l.rail,
+                    .map(|l| {
+                        let network = Ipv4Addr::from(u32::from(l.address) & !0b11);
+                        let link = RankLink {
+                            interface: l.interface.clone(),
+                            address: l.address,
+                            prefix_len: l.prefix_len,
+                            peer: rank_of[owner[l.peer_uuid.as_str()]],
+                            peer_address: l.peer_address,
+                            rail: 0,
+                        };
+                        (link, (l.rail, network))
                     })
                     .collect();
-                links.sort_by_key(|l| (l.peer, l.rail));
+                links.sort_by_key(|(l, key)| (l.peer, *key));
+                let mut links: Vec<RankLink> = links.into_iter().map(|(l, _)| l).collect();
+                for i in 0..links.len() {
+                    let same_peer_before = links[..i].iter().filter(|l| l.peer == links[i].peer);
+                    links[i].rail = same_peer_before.count() as u32;
+                }
                 Rank {
                     rank,
                     host: record.name.clone(),

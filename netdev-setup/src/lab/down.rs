@@ -8,7 +8,8 @@ use crate::lab::state::{LabState, is_lab_namespace, lab_dir};
 use crate::netlink::Netlink;
 use crate::netns;
 
-/// Removes lab `name`; returns how many namespaces were removed (0: nothing was there).
+/// Removes lab `name`. Returns 0 when nothing of it was there, otherwise the number of
+/// namespaces removed (at least 1, so a lab with only a stale state directory counts).
 pub fn down(name: &str) -> Result<usize> {
     check_name(name)?;
     let mut namespaces: Vec<String> = netns::list()

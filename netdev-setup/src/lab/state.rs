@@ -88,3 +88,26 @@ impl LabState {
         std::fs::write(&path, text).map_err(|e| NetdevError::io("writing", path, e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lab_namespaces_match_exactly() {
+        assert!(is_lab_namespace("lab", "tbl-lab-r0"));
+        assert!(is_lab_namespace("lab", "tbl-lab-r12"));
+        assert!(
+            !is_lab_namespace("lab", "tbl-lab-2-r0"),
+            "lab-2 is another lab"
+        );
+        assert!(!is_lab_namespace("lab", "tbl-lab-r"));
+        assert!(!is_lab_namespace("lab", "tbl-lab-rx"));
+        assert!(!is_lab_namespace("lab", "other"));
+    }
+
+    #[test]
+    fn interface_names_fit_ifnamsiz() {
+        assert!(interface_name(63, 7).len() < 16);
+    }
+}

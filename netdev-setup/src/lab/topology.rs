@@ -67,3 +67,25 @@ impl LabTopology {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::LabTopology;
+
+    #[test]
+    fn pairs_per_topology() {
+        assert_eq!(LabTopology::Pair.neighbour_pairs(2).unwrap(), [(0, 1)]);
+        assert_eq!(
+            LabTopology::Mesh.neighbour_pairs(3).unwrap(),
+            [(0, 1), (0, 2), (1, 2)]
+        );
+        assert_eq!(
+            LabTopology::Ring.neighbour_pairs(4).unwrap(),
+            [(0, 1), (0, 3), (1, 2), (2, 3)]
+        );
+        assert_eq!(LabTopology::Ring.neighbour_pairs(3).unwrap().len(), 3);
+        assert!(LabTopology::Pair.neighbour_pairs(3).is_err());
+        assert!(LabTopology::Ring.neighbour_pairs(2).is_err());
+        assert!(LabTopology::Mesh.neighbour_pairs(1).is_err());
+    }
+}

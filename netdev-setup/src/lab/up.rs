@@ -2,6 +2,7 @@
 //! the hostfile written from each rank's record. On any failure the half-built lab is torn
 //! down again before the error is returned.
 
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 
 use crate::addressing::fnv1a64;
@@ -129,7 +130,6 @@ fn build(options: &LabOptions, pairs: &[(usize, usize)], state: &LabState) -> Re
         let ns_b = netns::open(&state.namespaces[b])?;
         for rail in 0..options.rails {
             let (if_a, if_b) = (interface_name(b, rail), interface_name(a, rail));
-            use std::os::fd::AsFd;
             netlink.add_veth_between(&if_a, ns_a.as_fd(), &if_b, ns_b.as_fd(), options.mtu)?;
             for (from, to, interface) in [(a, b, if_a), (b, a, if_b)] {
                 let peer = rank_identity(&options.name, to);
@@ -151,6 +151,14 @@ fn build(options: &LabOptions, pairs: &[(usize, usize)], state: &LabState) -> Re
         })?;
         records.push(record);
     }
+    // veth carrier reaches `operstate` through the kernel's link watcher, up to a second
+    // later; wait, so that a `doctor` right after `lab up` sees the links up.
+    for (rank, file) in links.iter().enumerate() {
+        netns::run_in(&state.namespaces[rank], || {
+            wait_for_operstate_up(file);
+            Ok(())
+        })?;
+    }
     let hostfile = Hostfile::from_records(&records)?;
     let path = hostfile_path(&options.name);
     hostfile.save(&path)?;
@@ -170,4 +178,17 @@ fn configure_rank(file: &LinksFile) -> Result<crate::hostfile::HostRecord> {
     };
     apply(&plan, &roots)?;
     local_record(&inventory)
+}
+
+fn wait_for_operstate_up(file: &LinksFile) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let all_up = || {
+        file.links.iter().all(|l| {
+            let path = format!("/sys/class/net/{}/operstate", l.interface);
+            std::fs::read_to_string(path).is_ok_and(|s| s.trim() == "up")
+        })
+    };
+    while !all_up() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

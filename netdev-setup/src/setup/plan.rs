@@ -154,6 +154,11 @@ impl fmt::Display for Plan {
             writeln!(f, "plan ({} steps):", self.steps.len())?;
             for (i, step) in self.steps.iter().enumerate() {
                 writeln!(f, "  {:>2}. {step}", i + 1)?;
+                if let Step::WriteFile { contents, .. } = step {
+                    for line in contents.lines() {
+                        writeln!(f, "        | {line}")?;
+                    }
+                }
             }
         }
         for note in &self.notes {

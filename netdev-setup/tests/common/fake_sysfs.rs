@@ -30,6 +30,7 @@ impl IfaceState {
 }
 
 const CONTROLLER: &str = "devices/pci0000:00/0000:00:0d.2";
+const SECOND_CONTROLLER: &str = "devices/pci0000:00/0000:00:0d.3";
 
 impl FakeHost {
     /// A host with Thunderbolt UUID `uuid` (pass `None` for a host without Thunderbolt).
@@ -70,6 +71,16 @@ impl FakeHost {
         self.dir.path().join("proc")
     }
 
+    /// A second USB4 host router (domain 1, its own UUID), as on hosts whose two ports sit on
+    /// separate controllers.
+    pub fn second_router(&self, uuid: &str) {
+        let domain = self.sys().join(SECOND_CONTROLLER).join("domain1");
+        write(&domain.join("1-0/unique_id"), uuid);
+        let bus = self.sys().join("bus/thunderbolt/devices");
+        symlink(&domain, bus.join("domain1")).unwrap();
+        symlink(domain.join("1-0"), bus.join("1-0")).unwrap();
+    }
+
     /// A cable in port `port` (route `0-PORT`) to host `peer_uuid` called `peer_name`.
     pub fn cable(
         &self,
@@ -79,14 +90,32 @@ impl FakeHost {
         peer_name: &str,
         state: IfaceState,
     ) {
+        self.cable_on(0, interface, port, peer_uuid, peer_name, state);
+    }
+
+    /// A cable on router `domain` (0 or 1).
+    pub fn cable_on(
+        &self,
+        domain: u8,
+        interface: &str,
+        port: u8,
+        peer_uuid: &str,
+        peer_name: &str,
+        state: IfaceState,
+    ) {
+        let controller = if domain == 0 {
+            CONTROLLER
+        } else {
+            SECOND_CONTROLLER
+        };
         let xdomain = self
             .sys()
-            .join(CONTROLLER)
-            .join(format!("domain0/0-0/0-{port}"));
+            .join(controller)
+            .join(format!("domain{domain}/{domain}-0/{domain}-{port}"));
         write(&xdomain.join("unique_id"), peer_uuid);
         write(&xdomain.join("device_name"), peer_name);
         write(&xdomain.join("vendor_name"), "Linux");
-        let service = xdomain.join(format!("0-{port}.0"));
+        let service = xdomain.join(format!("{domain}-{port}.0"));
         fs::create_dir_all(&service).unwrap();
         symlink(
             self.sys().join("bus/thunderbolt/drivers/thunderbolt-net"),
