@@ -163,11 +163,9 @@ impl MemoryTable {
         if addr.checked_add(len).is_none() {
             return Err(RegisterError::Wraps { addr, len });
         }
-        let slot = self
-            .regions
-            .iter()
-            .position(Option::is_none)
-            .unwrap_or(self.regions.len());
+        // Slots are never reused: a request that still names a revoked region by id (a
+        // placement computed before deregistration) then finds nothing instead of a stranger.
+        let slot = self.regions.len();
         let id = RegionId(slot as u32);
         let region = Region {
             id,
@@ -177,11 +175,7 @@ impl MemoryTable {
             rkey: self.fresh_key(),
             access,
         };
-        if slot == self.regions.len() {
-            self.regions.push(Some(region));
-        } else {
-            self.regions[slot] = Some(region);
-        }
+        self.regions.push(Some(region));
         self.by_lkey.insert(region.lkey, id);
         self.by_rkey.insert(region.rkey, id);
         Ok(region)

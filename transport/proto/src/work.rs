@@ -101,18 +101,20 @@ pub struct RecvWr {
 }
 
 /// Which queue a completion belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Queue {
     /// The send queue (requests this side posted with `post_send`).
+    #[default]
     Send,
     /// The receive queue (buffers this side posted with `post_recv`).
     Recv,
 }
 
 /// How a work request ended (`enum ibv_wc_status`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum WcStatus {
     /// Completed as asked.
+    #[default]
     Success,
     /// The local buffer does not fit (an incoming SEND longer than the posted receive).
     LocalLength,
@@ -141,9 +143,10 @@ impl WcStatus {
 }
 
 /// What a completed work request did (`enum ibv_wc_opcode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum WcOpcode {
     /// A SEND finished (send queue).
+    #[default]
     Send,
     /// A WRITE or WRITE_WITH_IMM finished (send queue).
     RdmaWrite,
@@ -160,7 +163,7 @@ pub enum WcOpcode {
 }
 
 /// A work completion (`struct ibv_wc`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct WorkCompletion {
     /// The `wr_id` of the request or receive this completes.
     pub wr_id: u64,

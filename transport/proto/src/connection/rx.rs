@@ -35,6 +35,14 @@ enum InTarget {
     },
 }
 
+fn placement_of(target: &InTarget) -> Option<Placement> {
+    match *target {
+        InTarget::Recv { placement, .. }
+        | InTarget::Write { placement, .. }
+        | InTarget::ReadResponse { placement, .. } => placement,
+    }
+}
+
 /// The multi-packet message that holds the next expected PSN.
 #[derive(Debug)]
 struct InMessage {
@@ -309,8 +317,22 @@ impl Connection {
             self.stats.malformed += 1;
             return false;
         }
-        if self.rx.current.is_some() {
+        if let Some(current) = &self.rx.current {
             self.stats.out_of_order_placed += u64::from(psn != self.rx.expected);
+            // The region may have been deregistered since the message began: check again, so a
+            // revoked region never receives another byte.
+            if let (Ext::Write(_, remote) | Ext::WriteWithImm(_, remote), Some(_)) =
+                (ext, placement_of(&current.target))
+            {
+                if mem
+                    .table()
+                    .check_remote(remote.rkey, remote.addr, seg.msg_len, Access::REMOTE_WRITE)
+                    .is_err()
+                {
+                    self.refuse(seg.msg_first_psn, ErrorCode::RemoteAccess);
+                    return false;
+                }
+            }
         } else {
             let target = match self.message_target(flags, ext, seg, mem) {
                 Ok(target) => target,
@@ -355,11 +377,7 @@ impl Connection {
             self.rx.request_ack();
             return false;
         }
-        let placement = match current.target {
-            InTarget::Recv { placement, .. }
-            | InTarget::Write { placement, .. }
-            | InTarget::ReadResponse { placement, .. } => placement,
-        };
+        let placement = placement_of(&current.target);
         if let Some(p) = placement {
             if !payload.is_empty() {
                 mem.write(p.region, p.offset + seg.offset, payload);

@@ -1,0 +1,198 @@
+//! The verbs API between two processes in two network namespaces joined by a veth pair
+//! (MTU 65520), as a user runs it: every operation with data checked by hash, sizes from 1 B to
+//! 16 MiB, 64 outstanding requests, protection violations, a killed peer, the memlock error.
+//! Both engines run the same suite. Needs root (skips otherwise).
+
+use std::io::{BufRead, BufReader};
+use std::sync::Mutex;
+
+use tbrdma_netdev::lab::LabTopology;
+use tbrdma_tests::{Lab, finish};
+
+const PEER: &str = env!("CARGO_BIN_EXE_tbrdma-test-peer");
+const PORT: u16 = 18_700;
+
+/// One pair of busy-polling processes at a time: the machine may have only 2 cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn args(pairs: &[(&str, String)]) -> Vec<String> {
+    pairs.iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+/// Runs server (rank 0) and client (rank 1) and returns their outputs.
+fn run_pair(
+    lab: &Lab,
+    scenario: &str,
+    engine: &str,
+    progress: &str,
+    extra: &[(&str, String)],
+) -> ((bool, String, String), (bool, String, String)) {
+    let server_ip = lab.address(0, 1, 0);
+    let mut server_args = vec![
+        ("role", "server".to_string()),
+        ("scenario", scenario.to_string()),
+        ("ip", server_ip.to_string()),
+        ("port", PORT.to_string()),
+        ("engine", engine.to_string()),
+        ("progress", progress.to_string()),
+    ];
+    server_args.extend(extra.iter().cloned());
+    let mut client_args = vec![
+        ("role", "client".to_string()),
+        ("scenario", scenario.to_string()),
+        ("ip", lab.address(1, 0, 0).to_string()),
+        ("server", format!("{server_ip}:{PORT}")),
+        ("engine", engine.to_string()),
+        ("progress", progress.to_string()),
+    ];
+    client_args.extend(extra.iter().cloned());
+    let server = lab.spawn_peer(PEER, 0, &args(&server_args));
+    let client = lab.spawn_peer(PEER, 1, &args(&client_args));
+    let c = finish(client);
+    let s = finish(server);
+    (s, c)
+}
+
+fn check_ops(engine: &str, progress: &str, tag: &str) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up(tag, 2, LabTopology::Pair, 1) else {
+        return;
+    };
+    let ((s_ok, s_out, s_err), (c_ok, c_out, c_err)) = run_pair(&lab, "ops", engine, progress, &[]);
+    assert!(
+        c_ok,
+        "client failed:\n{c_out}\n{c_err}\nserver:\n{s_out}\n{s_err}"
+    );
+    assert!(s_ok, "server failed:\n{s_out}\n{s_err}");
+    assert!(
+        c_out.contains("write+read 16777216 bytes: hash ok"),
+        "{c_out}"
+    );
+    assert!(c_out.contains("all checks passed"), "{c_out}");
+    assert!(
+        c_out.contains(&format!("engine {engine}")) || c_out.contains("using the sockets engine"),
+        "{c_out}"
+    );
+}
+
+#[test]
+fn every_operation_and_size_over_veth_with_the_sockets_engine() {
+    check_ops("sockets", "caller", "vs");
+}
+
+#[test]
+fn every_operation_and_size_over_veth_with_the_uring_engine() {
+    check_ops("uring", "caller", "vu");
+}
+
+#[test]
+fn every_operation_with_a_background_progress_thread() {
+    check_ops("sockets", "thread", "vt");
+}
+
+#[test]
+fn remote_access_violations_leave_the_target_untouched() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("va", 2, LabTopology::Pair, 1) else {
+        return;
+    };
+    for engine in ["sockets", "uring"] {
+        for violation in ["badkey", "oob", "noflag", "otherconn"] {
+            let ((s_ok, s_out, s_err), (c_ok, c_out, c_err)) = run_pair(
+                &lab,
+                "access",
+                engine,
+                "caller",
+                &[("violation", violation.to_string())],
+            );
+            assert!(
+                c_ok,
+                "{engine}/{violation}: client:\n{c_out}\n{c_err}\nserver:\n{s_out}\n{s_err}"
+            );
+            assert!(s_ok, "{engine}/{violation}: server:\n{s_out}\n{s_err}");
+            assert!(c_out.contains("completed with RemoteAccess"), "{c_out}");
+            assert!(c_out.contains("post after error: Flushed"), "{c_out}");
+            assert!(
+                s_out.contains("target untouched") && s_out.contains("read-only region untouched"),
+                "{engine}/{violation}: {s_out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_killed_peer_yields_error_completions() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("vk", 2, LabTopology::Pair, 1) else {
+        return;
+    };
+    for engine in ["sockets", "uring"] {
+        let server_ip = lab.address(0, 1, 0);
+        let common = |role: &str, ip: String| {
+            args(&[
+                ("role", role.to_string()),
+                ("scenario", "kill".to_string()),
+                ("ip", ip),
+                ("port", PORT.to_string()),
+                ("server", format!("{server_ip}:{PORT}")),
+                ("engine", engine.to_string()),
+                ("progress", "caller".to_string()),
+            ])
+        };
+        let mut server = lab.spawn_peer(PEER, 0, &common("server", server_ip.to_string()));
+        let mut client =
+            lab.spawn_peer(PEER, 1, &common("client", lab.address(1, 0, 0).to_string()));
+        let mut lines = BufReader::new(client.stdout.take().expect("client stdout")).lines();
+        let mut seen = Vec::new();
+        for line in lines.by_ref() {
+            let line = line.expect("client output");
+            seen.push(line.clone());
+            if line == "streaming" {
+                break;
+            }
+        }
+        assert_eq!(
+            seen.last().map(String::as_str),
+            Some("streaming"),
+            "client never streamed: {seen:?}"
+        );
+        server.kill().expect("kill the server");
+        let _ = server.wait();
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let status = client.wait().expect("client exit");
+        let mut err = String::new();
+        if let Some(mut e) = client.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut err);
+        }
+        assert!(
+            status.success(),
+            "{engine}: client after the kill:\n{rest:?}\n{err}"
+        );
+        assert!(
+            rest.iter()
+                .any(|l| l.starts_with("error completion RetryExceeded")),
+            "{rest:?}"
+        );
+    }
+}
+
+#[test]
+fn too_little_memlock_names_the_limit_and_the_fix() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("vm", 2, LabTopology::Pair, 1) else {
+        return;
+    };
+    let child = lab.spawn_peer(
+        PEER,
+        0,
+        &args(&[
+            ("scenario", "memlock".to_string()),
+            ("ip", lab.address(0, 1, 0).to_string()),
+            ("engine", "sockets".to_string()),
+        ]),
+    );
+    let (ok, out, err) = finish(child);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("memlock error"), "{out}");
+}

@@ -1,0 +1,262 @@
+//! The plain-socket backend: nonblocking `sendmmsg` / `recvmmsg` on one UDP socket, batches
+//! of up to 32 datagrams per system call. Works on every Linux and inside containers whose
+//! seccomp profile denies io_uring.
+//!
+//! **This file contains `unsafe`**: the two system calls take raw message headers that point
+//! into buffers on this function's stack frame or owned by `self`.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags, ppoll};
+use nix::sys::time::TimeSpec;
+
+use super::{DatagramIo, EngineKind, TxBatch};
+
+/// Datagrams per system call.
+const BATCH: usize = 32;
+/// Retries of a send the kernel refused for lack of buffer space before the datagram is
+/// dropped (the protocol retransmits it).
+const SEND_RETRIES: u32 = 1000;
+
+/// Nonblocking socket I/O.
+#[derive(Debug)]
+pub struct SocketIo {
+    socket: UdpSocket,
+    rx_bufs: Vec<Box<[u8]>>,
+    send_drops: u64,
+}
+
+impl SocketIo {
+    /// Wraps a bound socket (made nonblocking here).
+    pub fn new(socket: UdpSocket, max_datagram: usize) -> io::Result<SocketIo> {
+        socket.set_nonblocking(true)?;
+        let rx_bufs = (0..BATCH)
+            .map(|_| vec![0u8; max_datagram + 1].into_boxed_slice())
+            .collect();
+        Ok(SocketIo {
+            socket,
+            rx_bufs,
+            send_drops: 0,
+        })
+    }
+}
+
+fn to_raw(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    let sa = socket2::SockAddr::from(*addr);
+    // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = sa.len() as usize;
+    // SAFETY: `sa` holds `len` <= size_of::<sockaddr_storage>() initialised bytes at `as_ptr`,
+    // and `storage` is a distinct local with room for them.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            sa.as_ptr() as *const u8,
+            &mut storage as *mut _ as *mut u8,
+            len,
+        );
+    }
+    (storage, sa.len())
+}
+
+fn from_raw(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match i32::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in when the family is AF_INET; storage is
+            // large and aligned enough for it.
+            let sin = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
+            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for AF_INET6 and sockaddr_in6.
+            let sin6 = unsafe { &*(storage as *const _ as *const libc::sockaddr_in6) };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+fn is_transient(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EAGAIN) | Some(libc::ENOBUFS) | Some(libc::EINTR)
+    )
+}
+
+/// ICMP errors from earlier datagrams surface on later calls of an unconnected UDP socket;
+/// they say nothing about this call, so they are skipped.
+fn is_stale_icmp_error(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::ECONNREFUSED)
+            | Some(libc::EHOSTUNREACH)
+            | Some(libc::ENETUNREACH)
+            | Some(libc::EHOSTDOWN)
+    )
+}
+
+impl DatagramIo for SocketIo {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Sockets
+    }
+
+    fn send(&mut self, batch: &mut TxBatch) -> io::Result<()> {
+        let fd = self.socket.as_raw_fd();
+        let mut start = 0;
+        while start < batch.len() {
+            let n = (batch.len() - start).min(BATCH);
+            let mut names =
+                [MaybeUninit::<(libc::sockaddr_storage, libc::socklen_t)>::uninit(); BATCH];
+            let mut iovs = [MaybeUninit::<libc::iovec>::uninit(); BATCH];
+            let mut msgs = [MaybeUninit::<libc::mmsghdr>::uninit(); BATCH];
+            for i in 0..n {
+                let (data, dest) = batch.get(start + i);
+                names[i].write(to_raw(&dest));
+                iovs[i].write(libc::iovec {
+                    iov_base: data.as_ptr() as *mut _,
+                    iov_len: data.len(),
+                });
+                // SAFETY: both were initialised just above.
+                let (name, iov) =
+                    unsafe { (names[i].assume_init_mut(), iovs[i].assume_init_mut()) };
+                // SAFETY: an all-zero msghdr is valid; the fields that matter are set below.
+                let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+                hdr.msg_name = &mut name.0 as *mut _ as *mut libc::c_void;
+                hdr.msg_namelen = name.1;
+                hdr.msg_iov = iov;
+                hdr.msg_iovlen = 1;
+                msgs[i].write(libc::mmsghdr {
+                    msg_hdr: hdr,
+                    msg_len: 0,
+                });
+            }
+            let mut done = 0;
+            let mut retries = 0;
+            while done < n {
+                // SAFETY: `msgs[done..n]` are initialised headers pointing at `names`, `iovs`
+                // and the batch's buffers, all alive and unmoved for the duration of the call.
+                let sent = unsafe {
+                    libc::sendmmsg(fd, msgs[done].as_mut_ptr(), (n - done) as libc::c_uint, 0)
+                };
+                if sent >= 0 {
+                    done += sent as usize;
+                    retries = 0;
+                    continue;
+                }
+                let err = io::Error::last_os_error();
+                if is_stale_icmp_error(&err) {
+                    continue;
+                }
+                if is_transient(&err) && retries < SEND_RETRIES {
+                    retries += 1;
+                    std::hint::spin_loop();
+                    continue;
+                }
+                if is_transient(&err) {
+                    // The socket buffer stayed full: drop this datagram, the protocol resends.
+                    self.send_drops += 1;
+                    done += 1;
+                    retries = 0;
+                    continue;
+                }
+                return Err(err);
+            }
+            start += n;
+        }
+        batch.clear();
+        Ok(())
+    }
+
+    fn recv(&mut self, deliver: &mut dyn FnMut(&[u8], SocketAddr)) -> io::Result<usize> {
+        let fd = self.socket.as_raw_fd();
+        let mut total = 0;
+        loop {
+            // SAFETY: all-zero sockaddr_storage values are valid.
+            let mut names: [libc::sockaddr_storage; BATCH] = unsafe { std::mem::zeroed() };
+            let mut iovs = [MaybeUninit::<libc::iovec>::uninit(); BATCH];
+            let mut msgs = [MaybeUninit::<libc::mmsghdr>::uninit(); BATCH];
+            for i in 0..BATCH {
+                let buf = &mut self.rx_bufs[i];
+                iovs[i].write(libc::iovec {
+                    iov_base: buf.as_mut_ptr() as *mut _,
+                    iov_len: buf.len(),
+                });
+                // SAFETY: an all-zero msghdr is valid; the fields that matter are set below.
+                let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+                hdr.msg_name = &mut names[i] as *mut _ as *mut libc::c_void;
+                hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                hdr.msg_iov = iovs[i].as_mut_ptr();
+                hdr.msg_iovlen = 1;
+                msgs[i].write(libc::mmsghdr {
+                    msg_hdr: hdr,
+                    msg_len: 0,
+                });
+            }
+            // SAFETY: every header is initialised and points at live buffers owned by `self`
+            // or by this frame, which outlive the call.
+            let got = unsafe {
+                libc::recvmmsg(
+                    fd,
+                    msgs[0].as_mut_ptr(),
+                    BATCH as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            };
+            if got < 0 {
+                let err = io::Error::last_os_error();
+                if err.raw_os_error() == Some(libc::EAGAIN) {
+                    return Ok(total);
+                }
+                if err.raw_os_error() == Some(libc::EINTR) || is_stale_icmp_error(&err) {
+                    continue;
+                }
+                return Err(err);
+            }
+            let got = got as usize;
+            for i in 0..got {
+                // SAFETY: the kernel filled the first `got` headers.
+                let msg = unsafe { msgs[i].assume_init_ref() };
+                if msg.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                    continue; // Larger than any datagram tbrdma sends: not ours.
+                }
+                if let Some(from) = from_raw(&names[i]) {
+                    deliver(&self.rx_bufs[i][..msg.msg_len as usize], from);
+                }
+            }
+            total += got;
+            if got < BATCH {
+                return Ok(total);
+            }
+        }
+    }
+
+    fn wait(&mut self, timeout: Duration, wake: BorrowedFd<'_>) -> io::Result<()> {
+        let mut fds = [
+            PollFd::new(self.socket.as_fd(), PollFlags::POLLIN),
+            PollFd::new(wake, PollFlags::POLLIN),
+        ];
+        match ppoll(&mut fds, Some(TimeSpec::from_duration(timeout)), None) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn send_drops(&self) -> u64 {
+        self.send_drops
+    }
+}

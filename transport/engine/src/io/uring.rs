@@ -1,0 +1,1042 @@
+//! The io_uring backend: one ring per socket, multishot `recvmsg` into a provided-buffer ring,
+//! batched `sendmsg` (zero-copy above a threshold, off by default), waits on one
+//! `io_uring_enter` with a timeout.
+//!
+//! Kernel requirements: multishot `recvmsg` (Linux 6.0) and provided-buffer rings (5.19) are
+//! needed, [`UringIo::new`] fails otherwise and [`super::open`] falls back to sockets. Used when
+//! present: `SINGLE_ISSUER` (6.0) + `DEFER_TASKRUN` (6.1) when the caller promises one thread,
+//! else `COOP_TASKRUN` (5.19) as a fallback for that promise; `SENDMSG_ZC` (6.1); NAPI
+//! busy-poll registration (6.9).
+//!
+//! Completions of every kind share one completion queue, so whichever call reaps them sorts
+//! them: receive completions are queued until [`DatagramIo::recv`] hands them out, send
+//! completions are awaited inside [`DatagramIo::send`] (the batch may be reused when it
+//! returns), and the wake-up poll only re-arms.
+//!
+//! **This file contains `unsafe`**: pushing SQEs whose pointers (message headers, buffers,
+//! addresses) the kernel reads after the push, the provided-buffer ring shared with the
+//! kernel, and reading the buffers the kernel filled.
+
+use std::collections::VecDeque;
+use std::io;
+use std::mem::ManuallyDrop;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use io_uring::types::{CancelBuilder, Fd, Napi, RecvMsgOut, SubmitArgs, Timespec};
+use io_uring::{IoUring, Probe, cqueue, opcode, squeue};
+use memmap2::MmapMut;
+
+use super::{DatagramIo, EngineKind, TxBatch};
+
+/// Submission queue size: the most sends in flight per `io_uring_enter`.
+const SQ_ENTRIES: u32 = 256;
+/// Provided-buffer group id of the receive buffers.
+const RX_GROUP: u16 = 0;
+/// Memory for receive buffers; the count is this divided by the buffer size, clamped to
+/// [`RX_BUFS_MIN`, `RX_BUFS_MAX`] and rounded down to a power of two. Pages are touched only
+/// when the kernel first fills a buffer. Running out is harmless: the multishot receive ends
+/// with ENOBUFS, datagrams wait in the socket buffer, and the next call re-arms it.
+const RX_RING_BYTES: usize = 8 << 20;
+const RX_BUFS_MIN: usize = 32;
+const RX_BUFS_MAX: usize = 4096;
+/// Room reserved in each receive buffer for the source address (the kernel pads it; 48 bytes
+/// holds a `sockaddr_in6` and puts the payload at offset 64, cache-line aligned).
+const RX_NAME_LEN: usize = 48;
+/// Size of `struct io_uring_recvmsg_out`, which precedes the name in each receive buffer.
+const RECVMSG_OUT_LEN: usize = 16;
+/// Retries of a send the kernel refused for lack of buffer space before the datagram is
+/// dropped (as the sockets backend).
+const SEND_RETRIES: u32 = 1000;
+/// Retries of a send that picked up a stale ICMP error (it was not sent; the error is gone).
+const ICMP_RETRIES: u32 = 16;
+
+/// Datagrams of at least this many bytes are sent with `SENDMSG_ZC`; `None` never does.
+///
+/// Measured with `examples/zc_threshold.rs` (Linux 6.18, 2 busy cores, 32-datagram batches,
+/// best of 3): zero-copy sent at 0.53-0.99x the copying rate from 16 KiB to 64 KiB, over
+/// loopback (65000 B: 19.5 vs 28.8 Gb/s) and over veth between namespaces (65000 B: 15.1 vs
+/// 21.7 Gb/s), and used more CPU per GB; from 1 to 8 KiB it was within noise (0.78-1.12x).
+/// Loopback and veth copy the pages anyway when the skb reaches the receiver, and each send
+/// costs an extra notification completion that must arrive before the batch is reused.
+/// `thunderbolt-net` also copies every packet into its own DMA pages, so the same holds there.
+/// Zero-copy stays selectable through [`UringConfig::zero_copy_threshold`] for NICs that DMA
+/// from user pages.
+pub const DEFAULT_ZERO_COPY_THRESHOLD: Option<usize> = None;
+
+/// NAPI busy-poll time registered on the ring by default, in µs (0: no registration).
+pub const DEFAULT_NAPI_BUSY_POLL_USECS: u32 = 50;
+
+// What a completion belongs to: the top byte of `user_data`; the rest is an index.
+const TAG_SHIFT: u32 = 56;
+const TAG_RECV: u64 = 1;
+const TAG_SEND: u64 = 2;
+const TAG_WAKE: u64 = 3;
+const TAG_CANCEL: u64 = 4;
+const INDEX_MASK: u64 = (1 << TAG_SHIFT) - 1;
+
+fn user_data(tag: u64, index: u64) -> u64 {
+    (tag << TAG_SHIFT) | (index & INDEX_MASK)
+}
+
+/// How to set up the ring.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UringConfig {
+    /// Every call comes from the creating thread: enables `SINGLE_ISSUER` + `DEFER_TASKRUN`.
+    pub single_issuer: bool,
+    /// Zero-copy send from this datagram size; `None` never.
+    pub zero_copy_threshold: Option<usize>,
+    /// NAPI busy-poll time to register on the ring, in µs (0: none). Linux 6.9.
+    pub napi_busy_poll_usecs: u32,
+    /// Ask NAPI to prefer busy-polling over interrupts (with the registration above).
+    pub napi_prefer_busy_poll: bool,
+    /// Receive buffers in the provided-buffer ring (rounded down to a power of two, at most
+    /// 32768); 0 sizes it from an 8 MiB budget.
+    pub rx_buffers: usize,
+}
+
+impl Default for UringConfig {
+    fn default() -> UringConfig {
+        UringConfig {
+            single_issuer: false,
+            zero_copy_threshold: DEFAULT_ZERO_COPY_THRESHOLD,
+            napi_busy_poll_usecs: DEFAULT_NAPI_BUSY_POLL_USECS,
+            napi_prefer_busy_poll: false,
+            rx_buffers: 0,
+        }
+    }
+}
+
+/// What the ring ended up with, for logs and `doctor`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UringSetup {
+    /// Setup flags the kernel accepted, e.g. `"SINGLE_ISSUER|DEFER_TASKRUN"`.
+    pub flags: &'static str,
+    /// Setup flag combinations refused before (with the error).
+    pub refused: Vec<String>,
+    /// NAPI busy-poll registration: `Ok(usecs)` or why not.
+    pub napi: Result<u32, String>,
+    /// Zero-copy send threshold in force (`None` when off or unsupported).
+    pub zero_copy_threshold: Option<usize>,
+    /// Receive buffers in the provided-buffer ring, and the size of each.
+    pub rx_buffers: (usize, usize),
+}
+
+/// One ring-setup attempt: its name and the flags it sets.
+struct SetupAttempt {
+    name: &'static str,
+    single_issuer: bool,
+    defer_taskrun: bool,
+    coop_taskrun: bool,
+}
+
+const SETUP_SINGLE: &[SetupAttempt] = &[
+    SetupAttempt {
+        name: "SINGLE_ISSUER|DEFER_TASKRUN",
+        single_issuer: true,
+        defer_taskrun: true,
+        coop_taskrun: false,
+    },
+    SetupAttempt {
+        name: "SINGLE_ISSUER|COOP_TASKRUN",
+        single_issuer: true,
+        defer_taskrun: false,
+        coop_taskrun: true,
+    },
+    SetupAttempt {
+        name: "COOP_TASKRUN",
+        single_issuer: false,
+        defer_taskrun: false,
+        coop_taskrun: true,
+    },
+    SetupAttempt {
+        name: "(none)",
+        single_issuer: false,
+        defer_taskrun: false,
+        coop_taskrun: false,
+    },
+];
+
+// Several threads may call in without the single-issuer promise. COOP_TASKRUN would run a
+// completion's task work only when the submitting thread next enters the kernel, which may be
+// never if another thread does the reaping, so it is used only with the promise.
+const SETUP_SHARED: &[SetupAttempt] = &[SetupAttempt {
+    name: "(none)",
+    single_issuer: false,
+    defer_taskrun: false,
+    coop_taskrun: false,
+}];
+
+/// Builds a ring, dropping setup flags the kernel refuses (EINVAL) one combination at a time.
+fn build_ring(
+    single_issuer: bool,
+    cq_entries: u32,
+) -> io::Result<(IoUring, &'static str, Vec<String>)> {
+    let attempts = if single_issuer {
+        SETUP_SINGLE
+    } else {
+        SETUP_SHARED
+    };
+    let mut refused = Vec::new();
+    let mut last = None;
+    for attempt in attempts {
+        let mut builder = IoUring::builder();
+        builder
+            .setup_cqsize(cq_entries)
+            .setup_clamp()
+            .setup_submit_all();
+        if attempt.single_issuer {
+            builder.setup_single_issuer();
+        }
+        if attempt.defer_taskrun {
+            builder.setup_defer_taskrun();
+        }
+        if attempt.coop_taskrun {
+            builder.setup_coop_taskrun();
+        }
+        if attempt.defer_taskrun || attempt.coop_taskrun {
+            // The kernel raises IORING_SQ_TASKRUN when completions wait for us to enter.
+            builder.setup_taskrun_flag();
+        }
+        match builder.build(SQ_ENTRIES) {
+            Ok(ring) => return Ok((ring, attempt.name, refused)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                refused.push(format!("{}: {e}", attempt.name));
+                last = Some(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::from_raw_os_error(libc::EINVAL)))
+}
+
+/// `struct io_uring_buf`: one entry of a provided-buffer ring. The `resv` field of entry 0 is
+/// the ring's tail, written by us and read by the kernel.
+#[repr(C)]
+struct RingEntry {
+    addr: u64,
+    len: u32,
+    bid: u16,
+    resv: u16,
+}
+
+const _: () = assert!(std::mem::size_of::<RingEntry>() == 16);
+
+/// The provided-buffer ring and the receive buffers it hands the kernel.
+///
+/// Both mappings are shared with the kernel: they are only accessed through raw pointers, never
+/// through a slice over the whole mapping, since the kernel writes buffers we do not own.
+struct RxBuffers {
+    ring: MmapMut,
+    bufs: ManuallyDrop<MmapMut>,
+    count: u16,
+    size: usize,
+    /// Our copy of the tail; published with a release store.
+    tail: u16,
+    /// Never unmap the buffers: the kernel might still write into them.
+    leak: bool,
+}
+
+impl Drop for RxBuffers {
+    fn drop(&mut self) {
+        if !self.leak {
+            // SAFETY: `bufs` is dropped exactly once, here, and never used afterwards.
+            unsafe { ManuallyDrop::drop(&mut self.bufs) }
+        }
+    }
+}
+
+impl RxBuffers {
+    fn new(max_datagram: usize, count: usize) -> io::Result<RxBuffers> {
+        let size = (RECVMSG_OUT_LEN + RX_NAME_LEN + max_datagram).next_multiple_of(64);
+        if size > u32::MAX as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "max_datagram too large",
+            ));
+        }
+        let wanted = match count {
+            0 => (RX_RING_BYTES / size).clamp(RX_BUFS_MIN, RX_BUFS_MAX),
+            n => n.min(1 << 15),
+        };
+        let count = 1usize << wanted.ilog2();
+        let ring = MmapMut::map_anon(count * std::mem::size_of::<RingEntry>())?;
+        let bufs = MmapMut::map_anon(count * size)?;
+        let mut rx = RxBuffers {
+            ring,
+            bufs: ManuallyDrop::new(bufs),
+            count: count as u16,
+            size,
+            tail: 0,
+            leak: false,
+        };
+        for bid in 0..rx.count {
+            rx.provide(bid);
+        }
+        rx.publish();
+        Ok(rx)
+    }
+
+    fn entries(&mut self) -> *mut RingEntry {
+        self.ring.as_mut_ptr().cast()
+    }
+
+    /// Registers the ring as buffer group [`RX_GROUP`] (Linux 5.19).
+    fn register(&mut self, ring: &IoUring) -> io::Result<()> {
+        let addr = self.entries() as u64;
+        // SAFETY: `addr` is a page-aligned mapping of `count` entries owned by `self`, which
+        // lives as long as the ring: `UringIo` drops the ring (after cancelling every request)
+        // before its buffers.
+        unsafe {
+            ring.submitter()
+                .register_buf_ring_with_flags(addr, self.count, RX_GROUP, 0)
+        }
+    }
+
+    /// Puts buffer `bid` back at the tail (visible to the kernel after [`Self::publish`]).
+    fn provide(&mut self, bid: u16) {
+        let mask = self.count - 1;
+        let addr = self.bufs.as_mut_ptr() as u64 + u64::from(bid) * self.size as u64;
+        let slot = usize::from(self.tail & mask);
+        let entry = self.entries();
+        // SAFETY: `slot < count`, so the entry is inside the mapping. The kernel reads an entry
+        // only between head and the published tail, and this slot lies past the published
+        // tail. Only addr/len/bid are written: `resv` of entry 0 is the tail.
+        unsafe {
+            let e = entry.add(slot);
+            std::ptr::addr_of_mut!((*e).addr).write(addr);
+            std::ptr::addr_of_mut!((*e).len).write(self.size as u32);
+            std::ptr::addr_of_mut!((*e).bid).write(bid);
+        }
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    /// Makes every buffer provided so far visible to the kernel.
+    fn publish(&mut self) {
+        let entry = self.entries();
+        // SAFETY: entry 0's `resv` field is the ring tail, a naturally aligned u16 inside the
+        // mapping; the kernel only reads it, and every access from our side is this atomic store.
+        let tail = unsafe { AtomicU16::from_ptr(std::ptr::addr_of_mut!((*entry).resv)) };
+        tail.store(self.tail, Ordering::Release);
+    }
+
+    /// The first `len` bytes of buffer `bid`, which the kernel has handed back to us.
+    fn filled(&self, bid: u16, len: usize) -> &[u8] {
+        let bid = usize::from(bid) % usize::from(self.count);
+        let len = len.min(self.size);
+        // SAFETY: the range lies inside the mapping; the kernel completed a receive into buffer
+        // `bid` and will not touch it again until we provide it, which needs `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.bufs.as_ptr().add(bid * self.size), len) }
+    }
+}
+
+/// A message header the kernel reads, with every pointer aimed at memory owned by the same
+/// `UringIo`.
+#[repr(transparent)]
+struct MsgHdr(libc::msghdr);
+
+// SAFETY: the raw pointers inside point at the owning `UringIo`'s own heap memory (or at a
+// `TxBatch` only for the duration of one `send` call, which cannot span threads); moving the
+// owner to another thread does not move that memory.
+unsafe impl Send for MsgHdr {}
+
+fn zeroed_msghdr() -> libc::msghdr {
+    // SAFETY: an all-zero msghdr (null pointers, zero lengths) is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Per-datagram state of one `send` call.
+#[derive(Clone, Copy, Debug, Default)]
+struct TxSlot {
+    name_len: libc::socklen_t,
+    retries: u32,
+    icmp_retries: u32,
+}
+
+/// Storage the send SQEs point into; sized to the largest batch seen, never resized while a
+/// send is in flight.
+#[derive(Default)]
+struct TxState {
+    names: Vec<libc::sockaddr_storage>,
+    iovs: Vec<IoVec>,
+    hdrs: Vec<MsgHdr>,
+    slots: Vec<TxSlot>,
+    /// Datagrams (indices) waiting to be pushed.
+    queue: VecDeque<usize>,
+    /// Send completions reaped and not yet handled by `send`.
+    done: Vec<(usize, SendDone)>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum SendDone {
+    /// The send itself: bytes sent or `-errno`; `more` when a zero-copy notification follows.
+    Sent { res: i32, more: bool },
+    /// A zero-copy send's notification: the kernel no longer reads the buffer.
+    Notification,
+}
+
+impl TxState {
+    /// Points one message header per datagram at the batch's buffers. Called only with nothing
+    /// in flight, so growing the vectors moves no memory the kernel reads.
+    fn prepare(&mut self, batch: &TxBatch) {
+        let n = batch.len();
+        if self.hdrs.len() < n {
+            // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
+            let zero_name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            self.names.resize(n, zero_name);
+            self.iovs.resize_with(n, || {
+                IoVec(libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                })
+            });
+            self.hdrs.resize_with(n, || MsgHdr(zeroed_msghdr()));
+            self.slots.resize(n, TxSlot::default());
+        }
+        self.queue.clear();
+        self.done.clear();
+        for i in 0..n {
+            let (data, dest) = batch.get(i);
+            let (name, name_len) = sockaddr(&dest);
+            self.names[i] = name;
+            self.iovs[i] = IoVec(libc::iovec {
+                iov_base: data.as_ptr() as *mut libc::c_void,
+                iov_len: data.len(),
+            });
+            self.slots[i] = TxSlot {
+                name_len,
+                ..TxSlot::default()
+            };
+            self.queue.push_back(i);
+        }
+        // Pointers are taken only after every element is written, through `as_mut_ptr`, so that
+        // no later `&mut` to a vector invalidates them.
+        let names = self.names.as_mut_ptr();
+        let iovs = self.iovs.as_mut_ptr();
+        for i in 0..n {
+            let mut hdr = zeroed_msghdr();
+            // `wrapping_add` keeps this safe; `i < n <= len` so the pointers are in bounds.
+            hdr.msg_name = names.wrapping_add(i).cast();
+            hdr.msg_namelen = self.slots[i].name_len;
+            hdr.msg_iov = iovs.wrapping_add(i).cast();
+            hdr.msg_iovlen = 1;
+            self.hdrs[i] = MsgHdr(hdr);
+        }
+    }
+
+    /// The message header of datagram `i`, for an SQE.
+    fn hdr(&self, i: usize) -> *const libc::msghdr {
+        debug_assert!(i < self.hdrs.len());
+        self.hdrs.as_ptr().wrapping_add(i).cast()
+    }
+}
+
+#[repr(transparent)]
+struct IoVec(libc::iovec);
+
+// SAFETY: as for `MsgHdr`: the pointer targets a `TxBatch` buffer only during one `send` call.
+unsafe impl Send for IoVec {}
+
+fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    let sa = socket2::SockAddr::from(*addr);
+    // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = (sa.len() as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
+    // SAFETY: `sa` holds `len` initialised bytes at `as_ptr`; `storage` is a distinct local
+    // with room for them.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            sa.as_ptr() as *const u8,
+            &mut storage as *mut _ as *mut u8,
+            len,
+        );
+    }
+    (storage, len as libc::socklen_t)
+}
+
+/// Decodes the `sockaddr_in` / `sockaddr_in6` bytes the kernel wrote into a receive buffer.
+fn parse_name(name: &[u8]) -> Option<SocketAddr> {
+    let family = i32::from(u16::from_ne_bytes(name.get(0..2)?.try_into().ok()?));
+    let port = u16::from_be_bytes(name.get(2..4)?.try_into().ok()?);
+    match family {
+        libc::AF_INET => {
+            let ip: [u8; 4] = name.get(4..8)?.try_into().ok()?;
+            Some(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(ip), port)))
+        }
+        libc::AF_INET6 => {
+            let flowinfo = u32::from_be_bytes(name.get(4..8)?.try_into().ok()?);
+            let ip: [u8; 16] = name.get(8..24)?.try_into().ok()?;
+            let scope = u32::from_ne_bytes(name.get(24..28)?.try_into().ok()?);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(ip),
+                port,
+                flowinfo,
+                scope,
+            )))
+        }
+        _ => None,
+    }
+}
+
+fn is_transient(errno: i32) -> bool {
+    matches!(errno, libc::EAGAIN | libc::ENOBUFS | libc::EINTR)
+}
+
+/// ICMP errors from earlier datagrams surface on later operations of an unconnected UDP socket
+/// and say nothing about this one.
+fn is_stale_icmp_error(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EHOSTDOWN
+    )
+}
+
+/// A completed receive: buffer `bid` holds `len` bytes (recvmsg_out header, name, payload).
+#[derive(Clone, Copy, Debug)]
+struct RxDone {
+    bid: u16,
+    len: usize,
+}
+
+/// io_uring datagram I/O on one UDP socket.
+pub struct UringIo {
+    // Field order matters: the ring is dropped (after `Drop` cancels every request) before the
+    // memory its requests point into.
+    ring: IoUring,
+    socket: UdpSocket,
+    rx: RxBuffers,
+    /// Header of the multishot receive: only its name and control lengths are read.
+    rx_hdr: Box<MsgHdr>,
+    rx_armed: bool,
+    rx_ready: VecDeque<RxDone>,
+    rx_error: Option<io::Error>,
+    /// The descriptor a wake-up poll is armed on, if any.
+    wake_armed: Option<RawFd>,
+    tx: TxState,
+    send_drops: u64,
+    /// Times the multishot receive was armed.
+    rx_arms: u64,
+    setup: UringSetup,
+}
+
+impl std::fmt::Debug for UringIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringIo")
+            .field("socket", &self.socket)
+            .field("setup", &self.setup)
+            .field("rx_armed", &self.rx_armed)
+            .field("rx_ready", &self.rx_ready.len())
+            .field("send_drops", &self.send_drops)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UringIo {
+    /// Sets up the ring for `socket` with the default configuration.
+    pub fn new(socket: UdpSocket, max_datagram: usize, single_issuer: bool) -> io::Result<UringIo> {
+        UringIo::with_config(
+            socket,
+            max_datagram,
+            UringConfig {
+                single_issuer,
+                ..UringConfig::default()
+            },
+        )
+    }
+
+    /// Sets up the ring for `socket`. Fails (never panics) when io_uring is missing (ENOSYS),
+    /// denied (EPERM: seccomp, `kernel.io_uring_disabled`), or lacks multishot `recvmsg` or
+    /// provided-buffer rings.
+    pub fn with_config(
+        socket: UdpSocket,
+        max_datagram: usize,
+        config: UringConfig,
+    ) -> io::Result<UringIo> {
+        // Sends carry MSG_DONTWAIT so that a full socket buffer is reported (and retried, then
+        // dropped) as with the sockets backend; the socket is nonblocking for the same reason
+        // should the descriptor be shared with one.
+        socket.set_nonblocking(true)?;
+        let mut rx = RxBuffers::new(max_datagram, config.rx_buffers)?;
+        let cq_entries =
+            (usize::from(rx.count) + 2 * SQ_ENTRIES as usize + 64).next_power_of_two() as u32;
+        let (ring, flags, refused) = build_ring(config.single_issuer, cq_entries).map_err(|e| {
+            let hint = match e.raw_os_error() {
+                Some(libc::ENOSYS) => " (kernel built without io_uring)",
+                Some(libc::EPERM) => " (denied: seccomp profile or kernel.io_uring_disabled)",
+                _ => "",
+            };
+            io::Error::new(e.kind(), format!("io_uring_setup: {e}{hint}"))
+        })?;
+
+        let mut probe = Probe::new();
+        ring.submitter().register_probe(&mut probe).map_err(|e| {
+            io::Error::new(e.kind(), format!("io_uring opcode probe (Linux 5.6): {e}"))
+        })?;
+        for (code, name) in [
+            (opcode::RecvMsg::CODE, "RECVMSG"),
+            (opcode::SendMsg::CODE, "SENDMSG"),
+            (opcode::PollAdd::CODE, "POLL_ADD"),
+            (opcode::AsyncCancel::CODE, "ASYNC_CANCEL"),
+        ] {
+            if !probe.is_supported(code) {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("io_uring lacks {name}"),
+                ));
+            }
+        }
+        let zero_copy_threshold = if probe.is_supported(opcode::SendMsgZc::CODE) {
+            config.zero_copy_threshold
+        } else {
+            None
+        };
+
+        rx.register(&ring).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("provided-buffer ring registration (Linux 5.19): {e}"),
+            )
+        })?;
+
+        let napi = if config.napi_busy_poll_usecs == 0 {
+            Err("not requested".to_string())
+        } else {
+            let mut napi = Napi::new()
+                .set_busy_poll_timeout(config.napi_busy_poll_usecs)
+                .set_prefer_busy_poll(config.napi_prefer_busy_poll);
+            match ring.submitter().register_napi(&mut napi) {
+                Ok(()) => Ok(config.napi_busy_poll_usecs),
+                Err(e) => Err(format!("io_uring_register_napi (Linux 6.9): {e}")),
+            }
+        };
+
+        let mut rx_hdr = Box::new(MsgHdr(zeroed_msghdr()));
+        rx_hdr.0.msg_namelen = RX_NAME_LEN as libc::socklen_t;
+        let rx_buffers = (usize::from(rx.count), rx.size);
+        let mut io = UringIo {
+            ring,
+            socket,
+            rx,
+            rx_hdr,
+            rx_armed: false,
+            rx_ready: VecDeque::new(),
+            rx_error: None,
+            wake_armed: None,
+            tx: TxState::default(),
+            send_drops: 0,
+            rx_arms: 0,
+            setup: UringSetup {
+                flags,
+                refused,
+                napi,
+                zero_copy_threshold,
+                rx_buffers,
+            },
+        };
+        // Arm the receive now so that a kernel without multishot recvmsg (before 6.0) is found
+        // here: it rejects the SQE at once with EINVAL.
+        io.arm_recv()?;
+        io.enter()?;
+        io.reap();
+        if let Some(e) = io.rx_error.take() {
+            return Err(io::Error::new(
+                e.kind(),
+                format!("multishot recvmsg (Linux 6.0): {e}"),
+            ));
+        }
+        tracing::debug!(setup = ?io.setup, "io_uring engine ready");
+        Ok(io)
+    }
+
+    /// What the ring ended up with.
+    pub fn setup(&self) -> &UringSetup {
+        &self.setup
+    }
+
+    /// Whether a multishot receive is armed right now (probe and tests).
+    pub fn receive_armed(&self) -> bool {
+        self.rx_armed
+    }
+
+    /// How many times the multishot receive ended (buffers ran out, an error) and was armed
+    /// again. Often means the buffer ring is too small for the traffic between `recv` calls.
+    pub fn receive_rearms(&self) -> u64 {
+        self.rx_arms.saturating_sub(1)
+    }
+
+    /// Pushes one SQE, submitting first when the queue is full.
+    fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: every SQE built in this file points only at memory owned by `self` (receive
+            // header, buffer ring) or at the caller's `TxBatch` buffers and `self.tx`, which
+            // `send` keeps alive and unmoved until their completions (and zero-copy
+            // notifications) have been reaped.
+            let pushed = unsafe { self.ring.submission().push(entry) };
+            if pushed.is_ok() {
+                return Ok(());
+            }
+            self.submit()?;
+            // A full completion queue holds the submission back (EBUSY): make room.
+            self.reap();
+        }
+    }
+
+    /// Submits queued SQEs (without waiting).
+    fn submit(&mut self) -> io::Result<()> {
+        match self.ring.submit() {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Enters the kernel only when something needs it: SQEs to submit, task work to run
+    /// (IORING_SQ_TASKRUN) or an overflowed completion queue to flush. Otherwise completions
+    /// are read from shared memory alone.
+    fn enter(&mut self) -> io::Result<()> {
+        let needed = {
+            let sq = self.ring.submission();
+            !sq.is_empty() || sq.taskrun() || sq.cq_overflow()
+        };
+        if needed { self.submit() } else { Ok(()) }
+    }
+
+    fn arm_recv(&mut self) -> io::Result<()> {
+        let entry =
+            opcode::RecvMsgMulti::new(Fd(self.socket.as_raw_fd()), &self.rx_hdr.0, RX_GROUP)
+                .build()
+                .user_data(user_data(TAG_RECV, 0));
+        self.push(&entry)?;
+        self.rx_armed = true;
+        self.rx_arms += 1;
+        Ok(())
+    }
+
+    /// Sorts every available completion.
+    fn reap(&mut self) {
+        // Collect first: handling a completion needs `&mut self`.
+        let mut batch: [Option<(u64, i32, u32)>; 64] = [None; 64];
+        loop {
+            let mut n = 0;
+            {
+                let mut cq = self.ring.completion();
+                for cqe in cq.by_ref().take(batch.len()) {
+                    batch[n] = Some((cqe.user_data(), cqe.result(), cqe.flags()));
+                    n += 1;
+                }
+            }
+            for done in batch.iter_mut().take(n) {
+                if let Some((data, res, flags)) = done.take() {
+                    self.on_completion(data, res, flags);
+                }
+            }
+            if n < batch.len() {
+                return;
+            }
+        }
+    }
+
+    fn on_completion(&mut self, data: u64, res: i32, flags: u32) {
+        let index = data & INDEX_MASK;
+        match data >> TAG_SHIFT {
+            TAG_RECV => {
+                if !cqueue::more(flags) {
+                    self.rx_armed = false;
+                }
+                if let Some(bid) = cqueue::buffer_select(flags) {
+                    if res >= 0 {
+                        self.rx_ready.push_back(RxDone {
+                            bid,
+                            len: res as usize,
+                        });
+                    } else {
+                        self.rx.provide(bid);
+                        self.rx.publish();
+                    }
+                } else if res < 0 {
+                    let errno = -res;
+                    // ENOBUFS: the buffer ring ran dry (re-armed once buffers are back);
+                    // ECANCELED: cancelled on drop.
+                    if !(errno == libc::ENOBUFS
+                        || errno == libc::ECANCELED
+                        || is_stale_icmp_error(errno))
+                    {
+                        self.rx_error
+                            .get_or_insert(io::Error::from_raw_os_error(errno));
+                    }
+                }
+            }
+            TAG_SEND => {
+                // Only `send` has sends in flight; it consumes these before returning.
+                let kind = if cqueue::notif(flags) {
+                    SendDone::Notification
+                } else {
+                    SendDone::Sent {
+                        res,
+                        more: cqueue::more(flags),
+                    }
+                };
+                self.tx.done.push((index as usize, kind));
+            }
+            TAG_WAKE if self.wake_armed == Some(index as RawFd) => self.wake_armed = None,
+            _ => {}
+        }
+    }
+}
+
+/// Receive rounds per `recv` call: a round reaps, delivers and returns buffers, so a burst
+/// larger than the buffer ring is drained within one call.
+const RECV_ROUNDS: usize = 4;
+
+impl DatagramIo for UringIo {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Uring
+    }
+
+    fn send(&mut self, batch: &mut TxBatch) -> io::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let fd = Fd(self.socket.as_raw_fd());
+        let zc_from = self.setup.zero_copy_threshold;
+        self.tx.prepare(batch);
+        // Completions (and zero-copy notifications) still owed by the kernel.
+        let mut in_flight = 0usize;
+        let mut first_error = None;
+        loop {
+            while let Some(i) = self.tx.queue.pop_front() {
+                let hdr = self.tx.hdr(i);
+                let flags = libc::MSG_DONTWAIT as u32;
+                let entry = match zc_from {
+                    Some(from) if batch.get(i).0.len() >= from => {
+                        opcode::SendMsgZc::new(fd, hdr).flags(flags).build()
+                    }
+                    _ => opcode::SendMsg::new(fd, hdr).flags(flags).build(),
+                };
+                let entry = entry.user_data(user_data(TAG_SEND, i as u64));
+                if let Err(e) = self.push(&entry) {
+                    first_error.get_or_insert(e);
+                    self.tx.queue.clear();
+                    break;
+                }
+                in_flight += 1;
+            }
+            if in_flight == 0 {
+                break;
+            }
+            if let Err(e) = self.ring.submit_and_wait(1) {
+                if !matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                ) {
+                    // The ring refuses to run: the kernel may still hold pointers into the batch,
+                    // so cancel everything before handing the batch back.
+                    self.cancel_all();
+                    batch.clear();
+                    return Err(e);
+                }
+            }
+            self.reap();
+            for k in 0..self.tx.done.len() {
+                let (i, done) = self.tx.done[k];
+                match done {
+                    SendDone::Notification => in_flight -= 1,
+                    SendDone::Sent { res, more } => {
+                        if !more {
+                            in_flight -= 1;
+                        }
+                        if res >= 0 {
+                            continue;
+                        }
+                        let errno = -res;
+                        let slot = &mut self.tx.slots[i];
+                        if is_transient(errno) {
+                            if slot.retries < SEND_RETRIES {
+                                slot.retries += 1;
+                                self.tx.queue.push_back(i);
+                            } else {
+                                // The socket buffer stayed full: drop it, the protocol resends.
+                                self.send_drops += 1;
+                            }
+                        } else if is_stale_icmp_error(errno) {
+                            // The error was about an earlier datagram; this one was not sent.
+                            if slot.icmp_retries < ICMP_RETRIES {
+                                slot.icmp_retries += 1;
+                                self.tx.queue.push_back(i);
+                            }
+                        } else {
+                            first_error.get_or_insert(io::Error::from_raw_os_error(errno));
+                        }
+                    }
+                }
+            }
+            self.tx.done.clear();
+            if !self.tx.queue.is_empty() {
+                std::hint::spin_loop();
+            }
+        }
+        batch.clear();
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn recv(&mut self, deliver: &mut dyn FnMut(&[u8], SocketAddr)) -> io::Result<usize> {
+        let mut total = 0;
+        for _ in 0..RECV_ROUNDS {
+            if !self.rx_armed {
+                self.arm_recv()?;
+            }
+            self.enter()?;
+            self.reap();
+            if self.rx_ready.is_empty() {
+                break;
+            }
+            while let Some(done) = self.rx_ready.pop_front() {
+                let buf = self.rx.filled(done.bid, done.len);
+                if let Ok(msg) = RecvMsgOut::parse(buf, &self.rx_hdr.0) {
+                    // Truncated: larger than any datagram tbrdma sends, so not ours.
+                    if !msg.is_payload_truncated() && !msg.is_name_data_truncated() {
+                        if let Some(from) = parse_name(msg.name_data()) {
+                            deliver(msg.payload_data(), from);
+                            total += 1;
+                        }
+                    }
+                }
+                self.rx.provide(done.bid);
+            }
+            self.rx.publish();
+        }
+        if !self.rx_armed {
+            self.arm_recv()?;
+            self.enter()?;
+        }
+        match self.rx_error.take() {
+            Some(e) if total == 0 => Err(e),
+            other => {
+                self.rx_error = other;
+                Ok(total)
+            }
+        }
+    }
+
+    fn wait(&mut self, timeout: Duration, wake: BorrowedFd<'_>) -> io::Result<()> {
+        self.reap();
+        if !self.rx_ready.is_empty() || self.rx_error.is_some() {
+            return Ok(());
+        }
+        if !self.rx_armed {
+            self.arm_recv()?;
+        }
+        let fd = wake.as_raw_fd();
+        if self.wake_armed != Some(fd) {
+            if let Some(old) = self.wake_armed.take() {
+                let cancel = opcode::AsyncCancel::new(user_data(TAG_WAKE, old as u64))
+                    .build()
+                    .user_data(user_data(TAG_CANCEL, 0));
+                self.push(&cancel)?;
+            }
+            let poll = opcode::PollAdd::new(Fd(fd), libc::POLLIN as u32)
+                .build()
+                .user_data(user_data(TAG_WAKE, fd as u64));
+            self.push(&poll)?;
+            self.wake_armed = Some(fd);
+        }
+        // Spurious returns are allowed, so a day stands in for longer timeouts (which would
+        // overflow the kernel's signed seconds).
+        let timespec = Timespec::from(timeout.min(Duration::from_secs(86_400)));
+        let args = SubmitArgs::new().timespec(&timespec);
+        match self.ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                ) => {}
+            Err(e) => return Err(e),
+        }
+        self.reap();
+        Ok(())
+    }
+
+    fn send_drops(&self) -> u64 {
+        self.send_drops
+    }
+}
+
+impl UringIo {
+    /// Cancels every request and waits for the kernel to let go of their memory. Returns
+    /// whether that is certain.
+    fn cancel_all(&mut self) -> bool {
+        let _ = self.submit();
+        let limit = Timespec::from(Duration::from_secs(2));
+        let done = match self
+            .ring
+            .submitter()
+            .register_sync_cancel(Some(limit), CancelBuilder::any())
+        {
+            Ok(()) => true,
+            Err(e) => e.raw_os_error() == Some(libc::ENOENT),
+        };
+        self.reap();
+        self.rx_armed = false;
+        self.wake_armed = None;
+        self.tx.done.clear();
+        done
+    }
+}
+
+impl Drop for UringIo {
+    fn drop(&mut self) {
+        // Closing the ring cancels its requests asynchronously, after which the multishot
+        // receive could still write into the buffer mappings. Cancel synchronously first; if
+        // that cannot be confirmed (e.g. dropped on a thread other than a SINGLE_ISSUER ring's
+        // owner), leak the buffers rather than risk the kernel writing into reused memory.
+        if !self.cancel_all() {
+            tracing::warn!("io_uring requests could not be cancelled; leaking the receive buffers");
+            self.rx.leak = true;
+        }
+    }
+}
+
+/// Registers and unregisters a small provided-buffer ring on `ring` (for the feature probe).
+pub(crate) fn try_provided_buffer_ring(ring: &IoUring) -> io::Result<()> {
+    let mut rx = RxBuffers::new(64, 1)?;
+    rx.register(ring)?;
+    ring.submitter().unregister_buf_ring(RX_GROUP)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_the_kernel_writes_decode() {
+        for addr in ["127.0.0.1:4791", "[::1]:4791", "[fe80::1%3]:9"] {
+            let addr: SocketAddr = addr.parse().unwrap();
+            let (storage, len) = sockaddr(&addr);
+            // SAFETY (test): `storage` is a plain struct of at least `len` bytes.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(&storage as *const _ as *const u8, len as usize)
+            };
+            assert_eq!(parse_name(bytes), Some(addr));
+        }
+        assert_eq!(parse_name(&[]), None);
+        assert_eq!(parse_name(&[2, 0, 1]), None);
+        assert_eq!(parse_name(&[0xff; 28]), None);
+    }
+
+    #[test]
+    fn user_data_round_trips() {
+        let data = user_data(TAG_SEND, 12345);
+        assert_eq!(data >> TAG_SHIFT, TAG_SEND);
+        assert_eq!(data & INDEX_MASK, 12345);
+    }
+}

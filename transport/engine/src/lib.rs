@@ -1,0 +1,16 @@
+//! # tbrdma-engine: the protocol core on real links
+//!
+//! Owns everything between the sans-IO protocol core and the kernel: the UDP socket bound to a
+//! link, the datagram backends ([`io`]: io_uring or plain sockets), the registered memory the
+//! core places data into ([`memory`]), the kernel feature probe ([`probe`]) and the progress
+//! loop that drives connections ([`worker`]). It makes no protocol decision of its own.
+//!
+//! `unsafe` lives only in `io/sockets.rs`, `io/uring.rs`, `memory.rs` and `socket.rs`, each of
+//! which says so at the top.
+
+pub mod cq;
+pub mod io;
+pub mod memory;
+pub mod probe;
+pub mod socket;
+pub mod worker;

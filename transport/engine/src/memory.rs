@@ -1,0 +1,291 @@
+//! Registered memory: pinned anonymous mappings (memmap2 + `mlock`, huge pages on request) or
+//! memory the caller owns, and [`Arena`], the [`Memory`] the protocol core reads and writes
+//! through.
+//!
+//! A region is shared memory in the RDMA sense: the engine copies packets into and out of it
+//! while the application also uses it, and the application is responsible for not touching a
+//! range while a request that uses it is outstanding (as with any RDMA buffer). All access goes
+//! through the raw pointer taken when the mapping was created.
+//!
+//! **This file contains `unsafe`**: raw copies into and out of registered memory.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use memmap2::{MmapMut, MmapOptions};
+use nix::sys::resource::{Resource, getrlimit};
+use tbrdma_proto::{Memory, MemoryTable, RegionId};
+use thiserror::Error;
+
+/// Why memory could not be allocated or pinned.
+#[derive(Debug, Error)]
+pub enum MemoryError {
+    /// `mlock` failed because RLIMIT_MEMLOCK is too low.
+    #[error(
+        "cannot pin {requested} bytes: the locked-memory limit (RLIMIT_MEMLOCK) is {limit} \
+         (already locked by this process: {locked}). Raise it: `ulimit -l unlimited` in the shell, \
+         `LimitMEMLOCK=infinity` in a systemd unit, `--ulimit memlock=-1:-1` for docker run, \
+         or a `memlock` line in /etc/security/limits.conf"
+    )]
+    MemlockTooLow {
+        /// Bytes asked for.
+        requested: usize,
+        /// The soft limit, in bytes (or "unlimited").
+        limit: String,
+        /// Bytes this process already had locked.
+        locked: usize,
+    },
+    /// A zero-length region was asked for.
+    #[error("a memory region must be at least 1 byte long")]
+    Empty,
+    /// The kernel refused the mapping.
+    #[error("cannot map {requested} bytes: {source}")]
+    Map {
+        /// Bytes asked for.
+        requested: usize,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn locked_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmLck:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|kb| kb.parse::<usize>().ok())
+            })
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The bytes behind one region.
+#[derive(Debug)]
+pub struct Buffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    huge_pages: bool,
+    /// Keeps the mapping alive (None for caller-owned memory).
+    _map: Option<MmapMut>,
+}
+
+// SAFETY: `Buffer` owns its mapping (or, for caller memory, the caller promised in
+// `Buffer::from_raw` that the memory outlives it and is usable from any thread). All access to
+// the bytes goes through raw copies whose races with the application are the documented RDMA
+// contract, never through Rust references held across threads.
+unsafe impl Send for Buffer {}
+// SAFETY: as above; `&Buffer` only hands out the pointer and length.
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    /// Maps `len` zeroed bytes, backed by 2 MiB huge pages when `huge_pages` is set and the
+    /// system has them (otherwise ordinary pages), and pins them with `mlock`.
+    pub fn allocate(len: usize, huge_pages: bool) -> Result<Buffer, MemoryError> {
+        if len == 0 {
+            return Err(MemoryError::Empty);
+        }
+        let mut used_huge = false;
+        let mut map = None;
+        if huge_pages {
+            let rounded = len.div_ceil(2 << 20) * (2 << 20);
+            match MmapOptions::new().len(rounded).huge(Some(21)).map_anon() {
+                Ok(m) => {
+                    map = Some(m);
+                    used_huge = true;
+                }
+                Err(e) => {
+                    tracing::info!("no huge pages for {len} bytes ({e}); using ordinary pages")
+                }
+            }
+        }
+        let mut map = match map {
+            Some(m) => m,
+            None => MmapOptions::new()
+                .len(len)
+                .map_anon()
+                .map_err(|source| MemoryError::Map {
+                    requested: len,
+                    source,
+                })?,
+        };
+        if let Err(e) = map.lock() {
+            let limit = match getrlimit(Resource::RLIMIT_MEMLOCK) {
+                Ok((soft, _)) if soft == libc::RLIM_INFINITY => "unlimited".to_string(),
+                Ok((soft, _)) => format!("{soft} bytes"),
+                Err(_) => "unknown".to_string(),
+            };
+            tracing::debug!("mlock failed: {e}");
+            return Err(MemoryError::MemlockTooLow {
+                requested: len,
+                limit,
+                locked: locked_bytes(),
+            });
+        }
+        let ptr = NonNull::new(map.as_mut_ptr()).expect("mmap never returns null");
+        Ok(Buffer {
+            ptr,
+            len,
+            huge_pages: used_huge,
+            _map: Some(map),
+        })
+    }
+
+    /// Wraps memory the caller owns.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be valid for reads and writes from any thread for as long as the
+    /// returned `Buffer` (and every clone of the `Arc` it is put in) lives, must not be freed or
+    /// unmapped before then, and the caller must accept that the engine writes into it whenever
+    /// the peer's operations or posted receives say so.
+    pub unsafe fn from_raw(ptr: NonNull<u8>, len: usize) -> Buffer {
+        Buffer {
+            ptr,
+            len,
+            huge_pages: false,
+            _map: None,
+        }
+    }
+
+    /// Address of the first byte: what the region is registered and named by.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty (never, for an allocated one).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether huge pages back it.
+    pub fn huge_pages(&self) -> bool {
+        self.huge_pages
+    }
+
+    /// Copies `out.len()` bytes from `offset`.
+    ///
+    /// # Panics
+    /// If the range is outside the buffer.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        assert!(
+            offset
+                .checked_add(out.len())
+                .is_some_and(|end| end <= self.len),
+            "read outside the buffer"
+        );
+        // SAFETY: the range is inside the live mapping (checked above); `out` is a distinct
+        // Rust buffer. Concurrent writes by the engine are the RDMA contract (module docs).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        }
+    }
+
+    /// Copies `data` to `offset`.
+    ///
+    /// # Panics
+    /// If the range is outside the buffer.
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        assert!(
+            offset
+                .checked_add(data.len())
+                .is_some_and(|end| end <= self.len),
+            "write outside the buffer"
+        );
+        // SAFETY: as in `read`, in the other direction.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        }
+    }
+
+    /// Reads the aligned 8-byte word at `offset` with an atomic load (for polling a flag the
+    /// peer writes).
+    ///
+    /// # Panics
+    /// If the word is outside the buffer or not 8-byte aligned.
+    pub fn load_u64(&self, offset: usize) -> u64 {
+        assert!(
+            offset + 8 <= self.len && (self.addr() as usize + offset) % 8 == 0,
+            "unaligned or out of range"
+        );
+        // SAFETY: in range and aligned (checked); AtomicU64 has u64's layout, and the engine's
+        // writes to this word are plain copies the load may observe torn only across words.
+        let word =
+            unsafe { &*(self.ptr.as_ptr().add(offset) as *const std::sync::atomic::AtomicU64) };
+        word.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// The regions of one protection domain: the protocol core's [`MemoryTable`] plus the bytes.
+#[derive(Debug)]
+pub struct Arena {
+    table: MemoryTable,
+    buffers: Vec<Option<Arc<Buffer>>>,
+}
+
+impl Arena {
+    /// An empty arena whose keys come from `seed` (take it from the OS).
+    pub fn new(seed: [u8; 32]) -> Arena {
+        Arena {
+            table: MemoryTable::new(seed),
+            buffers: Vec::new(),
+        }
+    }
+
+    /// Registers `buffer` with `access`.
+    pub fn register(
+        &mut self,
+        buffer: Arc<Buffer>,
+        access: tbrdma_proto::Access,
+    ) -> Result<tbrdma_proto::Region, tbrdma_proto::memory::RegisterError> {
+        let region = self
+            .table
+            .register(buffer.addr(), buffer.len() as u64, access)?;
+        let slot = region.id.0 as usize;
+        if self.buffers.len() <= slot {
+            self.buffers.resize_with(slot + 1, || None);
+        }
+        self.buffers[slot] = Some(buffer);
+        Ok(region)
+    }
+
+    /// Revokes a region's keys and forgets its bytes.
+    pub fn deregister(&mut self, id: RegionId) {
+        let _ = self.table.deregister(id);
+        if let Some(slot) = self.buffers.get_mut(id.0 as usize) {
+            *slot = None;
+        }
+    }
+
+    /// The protection table.
+    pub fn table_mut(&mut self) -> &mut MemoryTable {
+        &mut self.table
+    }
+}
+
+impl Memory for Arena {
+    fn table(&self) -> &MemoryTable {
+        &self.table
+    }
+
+    fn read(&self, region: RegionId, offset: u64, out: &mut [u8]) {
+        if let Some(Some(buffer)) = self.buffers.get(region.0 as usize) {
+            buffer.read(offset as usize, out);
+        }
+    }
+
+    fn write(&mut self, region: RegionId, offset: u64, data: &[u8]) {
+        if let Some(Some(buffer)) = self.buffers.get(region.0 as usize) {
+            buffer.write(offset as usize, data);
+        }
+    }
+}

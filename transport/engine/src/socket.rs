@@ -1,0 +1,162 @@
+//! Socket options for the UDP socket bound to a link: buffer sizes (forced past the sysctl caps
+//! when the process may) and busy-polling (`SO_BUSY_POLL`, `SO_PREFER_BUSY_POLL`).
+//!
+//! Every function reports what the kernel did; none decides policy. A refused option is an
+//! `Err` for the caller to log, never a panic: busy-polling above `net.core.busy_read` needs
+//! CAP_NET_ADMIN, and forcing buffer sizes needs CAP_NET_ADMIN too.
+//!
+//! **This file contains `unsafe`**: `setsockopt` / `getsockopt` on a borrowed descriptor with
+//! an `int` argument.
+
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd};
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+/// `SO_PREFER_BUSY_POLL` (Linux 5.11); the libc crate does not export it for every target.
+#[cfg(not(target_arch = "sparc64"))]
+const SO_PREFER_BUSY_POLL: libc::c_int = 69;
+#[cfg(target_arch = "sparc64")]
+const SO_PREFER_BUSY_POLL: libc::c_int = 0x48;
+
+fn setsockopt_int(
+    socket: &impl AsFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    let fd = socket.as_fd().as_raw_fd();
+    // SAFETY: `fd` is a live descriptor borrowed for the call; the option value is an `int` on
+    // this frame and its exact size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &value as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn getsockopt_int(
+    socket: &impl AsFd,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<libc::c_int> {
+    let fd = socket.as_fd().as_raw_fd();
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `fd` is live for the call; `value` and `len` are locals the kernel writes at most
+    // `len` bytes into.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            &mut value as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if rc == 0 {
+        Ok(value)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn clamp_int(value: usize) -> libc::c_int {
+    libc::c_int::try_from(value).unwrap_or(libc::c_int::MAX)
+}
+
+/// Sets `SO_BUSY_POLL` (Linux 3.11): a blocking receive on this socket busy-polls the device
+/// queue for up to `usecs` µs before sleeping. Values above `net.core.busy_read` need
+/// CAP_NET_ADMIN (EPERM otherwise); kernels built without `CONFIG_NET_RX_BUSY_POLL` answer
+/// ENOPROTOOPT.
+pub fn set_busy_poll(socket: &impl AsFd, usecs: u32) -> io::Result<()> {
+    setsockopt_int(
+        socket,
+        libc::SOL_SOCKET,
+        libc::SO_BUSY_POLL,
+        clamp_int(usecs as usize),
+    )
+}
+
+/// The socket's `SO_BUSY_POLL` value in µs.
+pub fn busy_poll(socket: &impl AsFd) -> io::Result<u32> {
+    getsockopt_int(socket, libc::SOL_SOCKET, libc::SO_BUSY_POLL).map(|v| v.max(0) as u32)
+}
+
+/// Sets `SO_PREFER_BUSY_POLL` (Linux 5.11): with `napi_defer_hard_irqs` and
+/// `gro_flush_timeout` set on the device, busy-polling sockets keep interrupts masked while
+/// they poll. Enabling it needs CAP_NET_ADMIN (EPERM otherwise).
+pub fn set_prefer_busy_poll(socket: &impl AsFd, prefer: bool) -> io::Result<()> {
+    setsockopt_int(
+        socket,
+        libc::SOL_SOCKET,
+        SO_PREFER_BUSY_POLL,
+        libc::c_int::from(prefer),
+    )
+}
+
+/// The socket's `SO_PREFER_BUSY_POLL` value.
+pub fn prefer_busy_poll(socket: &impl AsFd) -> io::Result<bool> {
+    getsockopt_int(socket, libc::SOL_SOCKET, SO_PREFER_BUSY_POLL).map(|v| v != 0)
+}
+
+/// The receive and send buffer sizes the kernel granted, in bytes (Linux reports twice the
+/// requested value: half is bookkeeping overhead).
+pub fn buffer_sizes(socket: &impl AsFd) -> io::Result<(usize, usize)> {
+    let rcv = getsockopt_int(socket, libc::SOL_SOCKET, libc::SO_RCVBUF)?;
+    let snd = getsockopt_int(socket, libc::SOL_SOCKET, libc::SO_SNDBUF)?;
+    Ok((rcv.max(0) as usize, snd.max(0) as usize))
+}
+
+/// Sets one buffer size: the `*FORCE` option first (ignores `net.core.{r,w}mem_max`, needs
+/// CAP_NET_ADMIN), then the ordinary one (silently capped by the sysctl).
+fn set_buffer(
+    socket: &Socket,
+    force: libc::c_int,
+    normal: libc::c_int,
+    bytes: usize,
+) -> io::Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    match setsockopt_int(socket, libc::SOL_SOCKET, force, clamp_int(bytes)) {
+        Ok(()) => Ok(()),
+        Err(_) => setsockopt_int(socket, libc::SOL_SOCKET, normal, clamp_int(bytes)),
+    }
+}
+
+/// A UDP socket bound to `addr` with receive and send buffers of at least `rcvbuf` / `sndbuf`
+/// bytes where the kernel allows (0 keeps the default). Forcing past the sysctl caps is tried
+/// first; the sizes actually obtained are logged and can be read with [`buffer_sizes`]. A size
+/// the kernel caps is not an error.
+pub fn bind_udp(addr: SocketAddr, rcvbuf: usize, sndbuf: usize) -> io::Result<UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    set_buffer(&socket, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, rcvbuf)?;
+    set_buffer(&socket, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, sndbuf)?;
+    socket.bind(&SockAddr::from(addr))?;
+    let socket: UdpSocket = socket.into();
+    match buffer_sizes(&socket) {
+        Ok((rcv, snd)) => {
+            tracing::debug!(%addr, requested_rcvbuf = rcvbuf, requested_sndbuf = sndbuf, rcvbuf = rcv, sndbuf = snd, "bound UDP socket");
+            if rcv < rcvbuf || snd < sndbuf {
+                tracing::info!(
+                    %addr,
+                    "socket buffers smaller than requested (rcvbuf {rcv} < {rcvbuf} or sndbuf {snd} < {sndbuf}); \
+                     raise net.core.rmem_max / wmem_max or run with CAP_NET_ADMIN"
+                );
+            }
+        }
+        Err(e) => tracing::debug!(%addr, "cannot read socket buffer sizes: {e}"),
+    }
+    Ok(socket)
+}

@@ -1,0 +1,559 @@
+//! The progress engine: one UDP socket, every connection that uses it, and the loop that moves
+//! datagrams between them.
+//!
+//! Two progress modes (chosen per device):
+//! - [`Progress::Thread`]: a background thread owns the socket's backend and runs the loop, so
+//!   one-sided operations complete with no call from the target application. It busy-polls for
+//!   [`EngineConfig::spin`] after the last activity, then sleeps in the kernel until a datagram,
+//!   a deadline or a post from another thread wakes it.
+//! - [`Progress::Caller`]: no thread; whoever polls a completion queue (or calls
+//!   [`Engine::progress`]) runs the loop, and posting a request sends it at once. This is what
+//!   NCCL's proxy thread and 2-core machines want: one spinning thread per process.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use tbrdma_proto::connection::ConnectParams;
+use tbrdma_proto::{Config, Connection, Event, Queue, RegionId, Time, WorkCompletion};
+
+use crate::cq::{Completion, CqShared};
+use crate::io::{DatagramIo, EngineKind, TxBatch, open as open_io};
+use crate::memory::Arena;
+
+/// Who runs the progress loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// A background thread (one-sided operations progress with no application call).
+    Thread,
+    /// The application, inside `poll_cq` and `post_*`.
+    Caller,
+}
+
+impl std::str::FromStr for Progress {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "thread" => Ok(Progress::Thread),
+            "caller" => Ok(Progress::Caller),
+            other => Err(format!(
+                "unknown progress mode {other:?}: use \"thread\" or \"caller\""
+            )),
+        }
+    }
+}
+
+/// How an engine runs.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Preferred backend (io_uring falls back to sockets when unavailable).
+    pub engine: EngineKind,
+    /// Who drives progress.
+    pub progress: Progress,
+    /// Thread mode: how long to busy-poll after the last activity before sleeping. Short by
+    /// default so that two processes on a 2-core machine, each with an application thread and
+    /// an engine thread, do not starve each other.
+    pub spin: Duration,
+    /// Longest single sleep (deadlines of connections wake it earlier).
+    pub max_sleep: Duration,
+    /// Thread mode: pin the engine thread to this CPU.
+    pub cpu: Option<usize>,
+    /// Largest datagram on the link (MTU minus IP and UDP headers).
+    pub max_datagram: usize,
+    /// Socket receive and send buffer size to ask for.
+    pub socket_buffer: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            engine: EngineKind::Uring,
+            progress: Progress::Thread,
+            spin: Duration::from_micros(200),
+            max_sleep: Duration::from_millis(50),
+            cpu: None,
+            max_datagram: Config::default().max_datagram,
+            socket_buffer: 16 << 20,
+        }
+    }
+}
+
+/// Engine-wide counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Datagrams for no known queue pair, or from an address other than its peer.
+    pub foreign_datagrams: u64,
+    /// Loop iterations that moved something.
+    pub busy_iterations: u64,
+    /// Times the engine thread went to sleep.
+    pub sleeps: u64,
+}
+
+/// One connection and where its completions go.
+#[derive(Debug)]
+pub struct Slot {
+    /// The protocol state machine.
+    pub conn: Connection,
+    /// The peer's data socket: datagrams from anywhere else are dropped.
+    pub peer: SocketAddr,
+    /// Protection domain (index of its arena).
+    pub pd: usize,
+    /// Where send-queue completions go.
+    pub send_cq: Arc<CqShared>,
+    /// Where receive-queue completions go.
+    pub recv_cq: Arc<CqShared>,
+    /// Connection events not yet read.
+    pub events: Vec<Event>,
+    /// Region named by each outstanding send, in post order (for deregistration).
+    pub sq_regions: VecDeque<Option<RegionId>>,
+    /// Region named by each posted receive, in post order.
+    pub rq_regions: VecDeque<Option<RegionId>>,
+    /// The application dropped its queue pair: remove the slot once it has nothing to send.
+    pub detached: bool,
+}
+
+/// Everything the loop and the application share, behind one lock.
+#[derive(Debug)]
+pub struct State {
+    /// One arena per protection domain.
+    pub arenas: Vec<Arena>,
+    /// Outstanding requests naming each region, per protection domain.
+    pub region_users: HashMap<(usize, RegionId), usize>,
+    /// Connections by local queue pair number.
+    pub conns: HashMap<u32, Slot>,
+    /// Counters.
+    pub stats: EngineStats,
+    next_qpn: u32,
+    tx: TxBatch,
+    next_deadline: Option<Time>,
+}
+
+impl State {
+    /// A fresh queue pair number.
+    pub fn reserve_qpn(&mut self) -> u32 {
+        loop {
+            self.next_qpn = self.next_qpn.wrapping_add(1).max(1);
+            if !self.conns.contains_key(&self.next_qpn) {
+                return self.next_qpn;
+            }
+        }
+    }
+
+    /// Counts one more outstanding request naming `region`.
+    pub fn use_region(&mut self, pd: usize, region: Option<RegionId>) {
+        if let Some(r) = region {
+            *self.region_users.entry((pd, r)).or_default() += 1;
+        }
+    }
+
+    fn release_region(&mut self, pd: usize, region: Option<RegionId>) {
+        if let Some(r) = region {
+            if let Some(n) = self.region_users.get_mut(&(pd, r)) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Receives, handles deadlines, transmits and routes completions once. Returns whether
+    /// anything happened.
+    pub fn run_once(&mut self, io: &mut dyn DatagramIo, now: Time) -> io::Result<bool> {
+        let State {
+            conns,
+            arenas,
+            stats,
+            ..
+        } = self;
+        let received = io.recv(&mut |data, from| {
+            let qpn = data
+                .get(16..20)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            match qpn.and_then(|q| conns.get_mut(&q)) {
+                Some(slot) if slot.peer == from => {
+                    slot.conn.handle_datagram(now, data, &mut arenas[slot.pd]);
+                }
+                _ => stats.foreign_datagrams += 1,
+            }
+        })?;
+        if self.next_deadline.is_some_and(|d| d <= now) {
+            for slot in self.conns.values_mut() {
+                if slot.conn.poll_timeout().is_some_and(|d| d <= now) {
+                    slot.conn.handle_timeout(now);
+                }
+            }
+        }
+        let sent = self.flush(io, now)?;
+        let busy = received > 0 || sent;
+        if busy {
+            self.stats.busy_iterations += 1;
+        }
+        Ok(busy)
+    }
+
+    /// Transmits whatever the connections have to send and routes their completions and
+    /// events. Returns whether a datagram went out.
+    pub fn flush(&mut self, io: &mut dyn DatagramIo, now: Time) -> io::Result<bool> {
+        let mut sent = false;
+        let mut deadline: Option<Time> = None;
+        let mut released: Vec<(usize, Option<RegionId>)> = Vec::new();
+        for slot in self.conns.values_mut() {
+            let arena = &self.arenas[slot.pd];
+            loop {
+                if self.tx.is_full() {
+                    io.send(&mut self.tx)?;
+                    sent = true;
+                }
+                let buf = self.tx.next_buf().expect("a free buffer after sending");
+                match slot.conn.poll_transmit(now, buf, arena) {
+                    Some(len) => self.tx.commit(len, slot.peer),
+                    None => break,
+                }
+            }
+            while let Some(wc) = slot.conn.poll_completion() {
+                let (cq, regions) = match wc.queue {
+                    Queue::Send => (&slot.send_cq, &mut slot.sq_regions),
+                    Queue::Recv => (&slot.recv_cq, &mut slot.rq_regions),
+                };
+                released.push((slot.pd, regions.pop_front().flatten()));
+                cq.push(Completion {
+                    wc,
+                    qp_num: slot.conn.params().local_qpn,
+                });
+            }
+            while let Some(event) = slot.conn.poll_event() {
+                slot.events.push(event);
+            }
+            if let Some(t) = slot.conn.poll_timeout() {
+                deadline = Some(deadline.map_or(t, |d| d.min(t)));
+            }
+        }
+        for (pd, region) in released {
+            self.release_region(pd, region);
+        }
+        // Dropped queue pairs whose CLOSE is now in the batch leave the table.
+        self.conns.retain(|_, slot| !slot.detached);
+        if !self.tx.is_empty() {
+            io.send(&mut self.tx)?;
+            sent = true;
+        }
+        self.next_deadline = deadline;
+        Ok(sent)
+    }
+
+    /// The earliest connection deadline.
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.next_deadline
+    }
+}
+
+/// Parts shared by the application's threads and the engine thread.
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// The backend, in caller mode (in thread mode the engine thread owns it).
+    io: Mutex<Option<Box<dyn DatagramIo>>>,
+    wake: EventFd,
+    sleeping: AtomicBool,
+    stop: AtomicBool,
+    epoch: Instant,
+}
+
+impl Shared {
+    fn now(&self) -> Time {
+        Time(self.epoch.elapsed().as_nanos() as u64)
+    }
+}
+
+/// A running engine on one UDP socket.
+#[derive(Debug)]
+pub struct Engine {
+    shared: Arc<Shared>,
+    worker: Option<JoinHandle<()>>,
+    config: EngineConfig,
+    kind: EngineKind,
+    fallback: Option<String>,
+    local_addr: SocketAddr,
+}
+
+fn os_seed() -> [u8; 32] {
+    let mut seed = [0u8; 32];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut seed);
+    }
+    seed
+}
+
+/// 64 random bits from the OS (session tokens, initial sequence numbers).
+pub fn random_u64() -> u64 {
+    u64::from_le_bytes(os_seed()[..8].try_into().expect("8 bytes"))
+}
+
+impl Engine {
+    /// Binds a UDP socket to `bind` and starts an engine on it.
+    pub fn start(bind: SocketAddr, config: EngineConfig) -> io::Result<Engine> {
+        let socket = bind_socket(bind, config.socket_buffer)?;
+        let local_addr = socket.local_addr()?;
+        let state = State {
+            arenas: Vec::new(),
+            region_users: HashMap::new(),
+            conns: HashMap::new(),
+            stats: EngineStats::default(),
+            next_qpn: (random_u64() as u32) & 0x00ff_ffff,
+            tx: TxBatch::new(32, config.max_datagram),
+            next_deadline: None,
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            io: Mutex::new(None),
+            wake: EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?,
+            sleeping: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            epoch: Instant::now(),
+        });
+        let (kind, fallback, worker) = match config.progress {
+            Progress::Caller => {
+                let (io, fallback) = open_io(config.engine, socket, config.max_datagram, false)?;
+                let kind = io.kind();
+                *shared.io.lock().expect("io lock") = Some(io);
+                (kind, fallback, None)
+            }
+            Progress::Thread => {
+                let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+                let thread_shared = Arc::clone(&shared);
+                let thread_config = config.clone();
+                let worker = std::thread::Builder::new()
+                    .name("tbrdma-engine".into())
+                    .spawn(move || {
+                        // The backend is created on this thread, which will be its only user.
+                        match open_io(
+                            thread_config.engine,
+                            socket,
+                            thread_config.max_datagram,
+                            true,
+                        ) {
+                            Ok((io, fallback)) => {
+                                let _ = ready_tx.send(Ok((io.kind(), fallback)));
+                                engine_thread(thread_shared, io, thread_config);
+                            }
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(e));
+                            }
+                        }
+                    })?;
+                let (kind, fallback) = ready_rx
+                    .recv()
+                    .map_err(|_| io::Error::other("engine thread died at start"))??;
+                (kind, fallback, Some(worker))
+            }
+        };
+        tracing::info!(
+            "engine on {local_addr}: {} backend, {:?} progress{}",
+            kind.name(),
+            config.progress,
+            fallback
+                .as_deref()
+                .map(|f| format!(" ({f})"))
+                .unwrap_or_default()
+        );
+        Ok(Engine {
+            shared,
+            worker,
+            config,
+            kind,
+            fallback,
+            local_addr,
+        })
+    }
+
+    /// The backend in use.
+    pub fn kind(&self) -> EngineKind {
+        self.kind
+    }
+
+    /// Why the preferred backend was not used, if it was not.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+
+    /// The data socket's address (what peers send to).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The current engine time.
+    pub fn now(&self) -> Time {
+        self.shared.now()
+    }
+
+    /// Locks the shared state (registrations, connection setup, statistics).
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock().expect("engine state lock")
+    }
+
+    /// Runs `f` on the state, then makes sure whatever it queued gets sent: at once in caller
+    /// mode, by waking the engine thread in thread mode. This is the doorbell.
+    pub fn post<R>(&self, f: impl FnOnce(&mut State, Time) -> R) -> io::Result<R> {
+        match self.config.progress {
+            Progress::Caller => {
+                let mut io = self.shared.io.lock().expect("io lock");
+                let mut state = self.lock();
+                let now = self.now();
+                let result = f(&mut state, now);
+                if let Some(io) = io.as_mut() {
+                    state.flush(io.as_mut(), now)?;
+                }
+                Ok(result)
+            }
+            Progress::Thread => {
+                let result = {
+                    let mut state = self.lock();
+                    f(&mut state, self.now())
+                };
+                if self.shared.sleeping.load(Ordering::SeqCst) {
+                    let _ = self.shared.wake.write(1);
+                }
+                Ok(result)
+            }
+        }
+    }
+
+    /// Caller mode: runs the loop once (receive, deadlines, transmit). Thread mode: nothing
+    /// (the engine thread does it). Returns whether anything happened.
+    pub fn progress(&self) -> io::Result<bool> {
+        if self.config.progress == Progress::Thread {
+            return Ok(false);
+        }
+        // Another thread progressing at the same moment does the same work: skip.
+        let Ok(mut io) = self.shared.io.try_lock() else {
+            return Ok(false);
+        };
+        let Some(io) = io.as_mut() else {
+            return Ok(false);
+        };
+        let mut state = self.lock();
+        state.run_once(io.as_mut(), self.now())
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.shared.wake.write(1);
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+fn bind_socket(bind: SocketAddr, buffer: usize) -> io::Result<UdpSocket> {
+    let domain = socket2::Domain::for_address(bind);
+    let socket = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
+    // Ask for large buffers: a window of 64 KiB datagrams must fit. Failure only costs speed.
+    let _ = socket.set_recv_buffer_size(buffer);
+    let _ = socket.set_send_buffer_size(buffer);
+    socket.set_nonblocking(true)?;
+    socket.bind(&bind.into())?;
+    Ok(socket.into())
+}
+
+fn engine_thread(shared: Arc<Shared>, mut io: Box<dyn DatagramIo>, config: EngineConfig) {
+    if let Some(cpu) = config.cpu {
+        let mut set = nix::sched::CpuSet::new();
+        if set.set(cpu).is_ok() {
+            if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set) {
+                tracing::warn!("cannot pin the engine thread to CPU {cpu}: {e}");
+            }
+        }
+    }
+    let mut last_busy = Instant::now();
+    while !shared.stop.load(Ordering::Relaxed) {
+        let busy = run_locked(&shared, io.as_mut());
+        if busy {
+            last_busy = Instant::now();
+            continue;
+        }
+        if last_busy.elapsed() < config.spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        // Announce the sleep, then look once more: a post that raced with the announcement is
+        // either seen now or wakes the sleep through the eventfd.
+        shared.sleeping.store(true, Ordering::SeqCst);
+        if !run_locked(&shared, io.as_mut()) {
+            let deadline = shared
+                .state
+                .lock()
+                .expect("engine state lock")
+                .next_deadline();
+            let now = shared.now();
+            let timeout = deadline
+                .map_or(config.max_sleep, |d| d.saturating_since(now))
+                .min(config.max_sleep);
+            shared.state.lock().expect("engine state lock").stats.sleeps += 1;
+            if let Err(e) = io.wait(timeout, shared.wake.as_fd()) {
+                tracing::error!("engine wait failed: {e}");
+            }
+            let _ = shared.wake.read();
+        }
+        shared.sleeping.store(false, Ordering::SeqCst);
+        last_busy = Instant::now();
+    }
+}
+
+fn run_locked(shared: &Shared, io: &mut dyn DatagramIo) -> bool {
+    let now = shared.now();
+    let mut state = shared.state.lock().expect("engine state lock");
+    match state.run_once(io, now) {
+        Ok(busy) => busy,
+        Err(e) => {
+            tracing::error!("engine I/O failed: {e}");
+            false
+        }
+    }
+}
+
+/// Creates a connection slot (the connection manager calls this once endpoints are known).
+#[allow(clippy::too_many_arguments)]
+pub fn new_slot(
+    config: Config,
+    active: bool,
+    params: ConnectParams,
+    now: Time,
+    peer: SocketAddr,
+    pd: usize,
+    send_cq: Arc<CqShared>,
+    recv_cq: Arc<CqShared>,
+) -> Slot {
+    let conn = if active {
+        Connection::connect(config, params, now)
+    } else {
+        Connection::accept(config, params, now)
+    };
+    Slot {
+        conn,
+        peer,
+        pd,
+        send_cq,
+        recv_cq,
+        events: Vec::new(),
+        sq_regions: VecDeque::new(),
+        rq_regions: VecDeque::new(),
+        detached: false,
+    }
+}
+
+/// Test helper: a completion for pattern matching.
+pub fn completion_of(c: &Completion) -> &WorkCompletion {
+    &c.wc
+}

@@ -1,0 +1,520 @@
+//! The connection manager (like `rdma_cm`): a TCP side channel on which the two sides swap
+//! their data-socket endpoints, queue pair numbers, a random session token and optional
+//! private data; then the protocol's own CONNECT/ACCEPT handshake runs over the link.
+//!
+//! The listener binds to the link's address (the device's), not to every interface, unless the
+//! caller binds it elsewhere explicitly.
+//!
+//! Side-channel frames: a 4-byte little-endian length, then `"tbCM"`, version (u16), kind
+//! (u8: 1 hello, 2 welcome, 3 reject), the sender's data socket (16-byte IPv6 or IPv4-mapped
+//! address, u16 port), queue pair number (u32), largest datagram (u32), session token (u64,
+//! welcome only; zero otherwise), private-data length (u32) and bytes. A reject carries a UTF-8
+//! message as its private data.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use tbrdma_engine::worker::{new_slot, random_u64};
+use tbrdma_proto::connection::ConnectParams;
+use tbrdma_proto::{Config, ConnectionState, Event, Psn};
+
+use crate::device::{CompletionQueue, Device};
+use crate::error::{Result, VerbsError};
+use crate::pd::ProtectionDomain;
+use crate::qp::QueuePair;
+
+const MAGIC: &[u8; 4] = b"tbCM";
+const VERSION: u16 = 1;
+const MAX_PRIVATE: usize = 64 * 1024;
+/// Bytes of a frame body before its private data.
+const HEADER_LEN: usize = 45;
+
+/// Options for a new connection.
+#[derive(Clone, Debug)]
+pub struct QpOptions {
+    /// Protocol configuration (window, retry budget, keep-alive, queue depths).
+    pub config: Config,
+    /// Bytes handed to the peer during setup (rdma_cm private data: rkeys, addresses, …).
+    pub private_data: Vec<u8>,
+    /// Longest the whole setup may take.
+    pub timeout: Duration,
+}
+
+impl Default for QpOptions {
+    fn default() -> Self {
+        QpOptions {
+            config: Config::default(),
+            private_data: Vec::new(),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A connected queue pair and what the peer sent along.
+#[derive(Debug)]
+pub struct Connected {
+    /// The queue pair.
+    pub qp: QueuePair,
+    /// The peer's private data.
+    pub peer_private_data: Vec<u8>,
+    /// The peer's data socket.
+    pub peer: SocketAddr,
+}
+
+struct Frame {
+    kind: u8,
+    data_addr: SocketAddr,
+    qp_num: u32,
+    max_datagram: u32,
+    token: u64,
+    private: Vec<u8>,
+}
+
+fn write_frame(stream: &mut TcpStream, f: &Frame) -> std::io::Result<()> {
+    let ip = match f.data_addr.ip() {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    let mut body = Vec::with_capacity(48 + f.private.len());
+    body.extend_from_slice(MAGIC);
+    body.extend_from_slice(&VERSION.to_le_bytes());
+    body.push(f.kind);
+    body.extend_from_slice(&ip.octets());
+    body.extend_from_slice(&f.data_addr.port().to_le_bytes());
+    body.extend_from_slice(&f.qp_num.to_le_bytes());
+    body.extend_from_slice(&f.max_datagram.to_le_bytes());
+    body.extend_from_slice(&f.token.to_le_bytes());
+    body.extend_from_slice(&(f.private.len() as u32).to_le_bytes());
+    body.extend_from_slice(&f.private);
+    stream.write_all(&(body.len() as u32).to_le_bytes())?;
+    stream.write_all(&body)?;
+    stream.flush()
+}
+
+fn read_frame(stream: &mut TcpStream, peer: &str) -> Result<Frame> {
+    let bad = |detail: &str| VerbsError::Handshake {
+        peer: peer.to_string(),
+        detail: detail.to_string(),
+    };
+    let mut len = [0u8; 4];
+    stream
+        .read_exact(&mut len)
+        .map_err(|e| bad(&format!("reading the setup message: {e}")))?;
+    let len = u32::from_le_bytes(len) as usize;
+    if !(HEADER_LEN..=HEADER_LEN + MAX_PRIVATE).contains(&len) {
+        return Err(bad("not a tbrdma connection manager (bad frame length)"));
+    }
+    let mut body = vec![0u8; len];
+    stream
+        .read_exact(&mut body)
+        .map_err(|e| bad(&format!("reading the setup message: {e}")))?;
+    if &body[0..4] != MAGIC {
+        return Err(bad("not a tbrdma connection manager (bad magic)"));
+    }
+    let version = u16::from_le_bytes([body[4], body[5]]);
+    if version != VERSION {
+        return Err(bad(&format!(
+            "peer speaks connection-manager version {version}, this build {VERSION}: use the same tbrdma version on both hosts"
+        )));
+    }
+    let kind = body[6];
+    let ip: [u8; 16] = body[7..23].try_into().expect("16 bytes");
+    let ip = Ipv6Addr::from(ip);
+    let ip = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
+    let port = u16::from_le_bytes([body[23], body[24]]);
+    let qp_num = u32::from_le_bytes(body[25..29].try_into().expect("4 bytes"));
+    let max_datagram = u32::from_le_bytes(body[29..33].try_into().expect("4 bytes"));
+    let token = u64::from_le_bytes(body[33..41].try_into().expect("8 bytes"));
+    let plen = u32::from_le_bytes(body[41..45].try_into().expect("4 bytes")) as usize;
+    let private = body
+        .get(45..45 + plen)
+        .ok_or_else(|| bad("private data truncated"))?
+        .to_vec();
+    Ok(Frame {
+        kind,
+        data_addr: SocketAddr::new(ip, port),
+        qp_num,
+        max_datagram,
+        token,
+        private,
+    })
+}
+
+fn config_for(device: &Device, opts: &QpOptions) -> Config {
+    let mut config = opts.config.clone();
+    config.max_datagram = config
+        .max_datagram
+        .min(device.inner.engine.config().max_datagram);
+    config
+}
+
+/// Adds the connection to the engine and waits for the protocol handshake.
+#[allow(clippy::too_many_arguments)]
+fn establish(
+    pd: &ProtectionDomain,
+    send_cq: &CompletionQueue,
+    recv_cq: &CompletionQueue,
+    opts: &QpOptions,
+    active: bool,
+    qp_num: u32,
+    remote_qpn: u32,
+    token: u64,
+    peer: SocketAddr,
+    deadline: Instant,
+) -> Result<QueuePair> {
+    let device = &pd.device;
+    let engine = &device.inner.engine;
+    let params = ConnectParams {
+        token,
+        local_qpn: qp_num,
+        remote_qpn,
+        initial_psn: Psn(random_u64() as u32),
+    };
+    let config = config_for(device, opts);
+    engine
+        .post(|state, now| {
+            let slot = new_slot(
+                config,
+                active,
+                params,
+                now,
+                peer,
+                pd.index,
+                send_cq.shared.clone(),
+                recv_cq.shared.clone(),
+            );
+            state.conns.insert(qp_num, slot);
+        })
+        .map_err(VerbsError::io("starting the connection"))?;
+    let qp = QueuePair {
+        device: device.clone(),
+        pd: pd.clone(),
+        qp_num,
+    };
+    loop {
+        let _ = device.progress();
+        match qp.state() {
+            ConnectionState::Established => return Ok(qp),
+            ConnectionState::Connecting => {}
+            _ => {
+                let reason = qp.take_events().iter().rev().find_map(|e| match e {
+                    Event::Failed(err) => Some(err.to_string()),
+                    _ => None,
+                });
+                return Err(VerbsError::QpFailed {
+                    qp_num,
+                    reason: reason.unwrap_or_else(|| "failed during setup".into()),
+                });
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(VerbsError::Timeout {
+                what: format!(
+                    "handshake over the link with {peer} (the side channel worked, the data path did not: a firewall, or the wrong interface?)"
+                ),
+                after: deadline.saturating_duration_since(Instant::now()),
+            });
+        }
+        std::thread::sleep(Duration::from_micros(20));
+    }
+}
+
+/// Accepts connections on a TCP port (like `rdma_listen`).
+#[derive(Debug)]
+pub struct Listener {
+    device: Device,
+    tcp: TcpListener,
+}
+
+impl Listener {
+    /// Listens on the device's address, port `port` (0: any free port).
+    pub fn bind(device: &Device, port: u16) -> Result<Listener> {
+        Listener::bind_addr(device, SocketAddr::new(device.ip(), port))
+    }
+
+    /// Listens on an explicit address (for example `0.0.0.0` to accept on every interface).
+    pub fn bind_addr(device: &Device, addr: SocketAddr) -> Result<Listener> {
+        let tcp = TcpListener::bind(addr).map_err(|e| VerbsError::Io {
+            context: format!(
+                "listening on {addr} (is another server using the port? choose another with --port)"
+            ),
+            source: e,
+        })?;
+        Ok(Listener {
+            device: device.clone(),
+            tcp,
+        })
+    }
+
+    /// The listening address.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.tcp
+            .local_addr()
+            .map_err(VerbsError::io("reading the listening address"))
+    }
+
+    /// Waits up to `wait` for a client (None: forever), then sets up the connection within
+    /// `opts.timeout`.
+    pub fn accept(
+        &self,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        opts: &QpOptions,
+        wait: Option<Duration>,
+    ) -> Result<Connected> {
+        let (mut stream, from) = self.accept_tcp(wait)?;
+        let deadline = Instant::now() + opts.timeout;
+        stream
+            .set_read_timeout(Some(opts.timeout))
+            .map_err(VerbsError::io("setting a timeout"))?;
+        let peer_name = from.to_string();
+        let hello = read_frame(&mut stream, &peer_name)?;
+        if hello.kind != 1 {
+            return Err(VerbsError::Handshake {
+                peer: peer_name,
+                detail: "expected a hello".into(),
+            });
+        }
+        let qp_num = self.device.inner.engine.lock().reserve_qpn();
+        let token = random_u64();
+        let welcome = Frame {
+            kind: 2,
+            data_addr: self.device.data_addr(),
+            qp_num,
+            max_datagram: self.device.inner.engine.config().max_datagram as u32,
+            token,
+            private: opts.private_data.clone(),
+        };
+        // The connection exists before the client hears of it, so its CONNECT finds it.
+        let pending = establish_later(
+            pd,
+            send_cq,
+            recv_cq,
+            opts,
+            qp_num,
+            hello.qp_num,
+            token,
+            hello.data_addr,
+        )?;
+        write_frame(&mut stream, &welcome).map_err(|e| VerbsError::Handshake {
+            peer: peer_name.clone(),
+            detail: format!("sending the answer: {e}"),
+        })?;
+        let qp = pending.wait(deadline)?;
+        Ok(Connected {
+            qp,
+            peer_private_data: hello.private,
+            peer: hello.data_addr,
+        })
+    }
+
+    fn accept_tcp(&self, wait: Option<Duration>) -> Result<(TcpStream, SocketAddr)> {
+        let Some(wait) = wait else {
+            return self
+                .tcp
+                .accept()
+                .map_err(VerbsError::io("accepting a connection"));
+        };
+        self.tcp
+            .set_nonblocking(true)
+            .map_err(VerbsError::io("listener"))?;
+        let start = Instant::now();
+        let result = loop {
+            match self.tcp.accept() {
+                Ok(pair) => break Ok(pair),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if start.elapsed() >= wait {
+                        break Err(VerbsError::Timeout {
+                            what: "waiting for a client to connect".into(),
+                            after: wait,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) => {
+                    break Err(VerbsError::Io {
+                        context: "accepting a connection".into(),
+                        source: e,
+                    });
+                }
+            }
+        };
+        self.tcp
+            .set_nonblocking(false)
+            .map_err(VerbsError::io("listener"))?;
+        let (stream, from) = result?;
+        stream
+            .set_nonblocking(false)
+            .map_err(VerbsError::io("side channel"))?;
+        Ok((stream, from))
+    }
+}
+
+/// A passive connection registered with the engine, not yet established.
+struct Pending<'a> {
+    pd: &'a ProtectionDomain,
+    qp_num: u32,
+    peer: SocketAddr,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn establish_later<'a>(
+    pd: &'a ProtectionDomain,
+    send_cq: &CompletionQueue,
+    recv_cq: &CompletionQueue,
+    opts: &QpOptions,
+    qp_num: u32,
+    remote_qpn: u32,
+    token: u64,
+    peer: SocketAddr,
+) -> Result<Pending<'a>> {
+    let device = &pd.device;
+    let params = ConnectParams {
+        token,
+        local_qpn: qp_num,
+        remote_qpn,
+        initial_psn: Psn(random_u64() as u32),
+    };
+    let config = config_for(device, opts);
+    device
+        .inner
+        .engine
+        .post(|state, now| {
+            let slot = new_slot(
+                config,
+                false,
+                params,
+                now,
+                peer,
+                pd.index,
+                send_cq.shared.clone(),
+                recv_cq.shared.clone(),
+            );
+            state.conns.insert(qp_num, slot);
+        })
+        .map_err(VerbsError::io("starting the connection"))?;
+    Ok(Pending { pd, qp_num, peer })
+}
+
+impl Pending<'_> {
+    fn wait(self, deadline: Instant) -> Result<QueuePair> {
+        let qp = QueuePair {
+            device: self.pd.device.clone(),
+            pd: self.pd.clone(),
+            qp_num: self.qp_num,
+        };
+        loop {
+            let _ = qp.device.progress();
+            match qp.state() {
+                ConnectionState::Established => return Ok(qp),
+                ConnectionState::Connecting => {}
+                _ => {
+                    return Err(VerbsError::QpFailed {
+                        qp_num: self.qp_num,
+                        reason: "failed during setup".into(),
+                    });
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(VerbsError::Timeout {
+                    what: format!(
+                        "handshake over the link with {} (the side channel worked, the data path did not)",
+                        self.peer
+                    ),
+                    after: Duration::ZERO,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
+/// Connects to a [`Listener`] at `server` (its TCP address), like `rdma_connect`.
+pub fn connect(
+    pd: &ProtectionDomain,
+    server: SocketAddr,
+    send_cq: &CompletionQueue,
+    recv_cq: &CompletionQueue,
+    opts: &QpOptions,
+) -> Result<Connected> {
+    let device = &pd.device;
+    let deadline = Instant::now() + opts.timeout;
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(server),
+        socket2::Type::STREAM,
+        None,
+    )
+    .map_err(VerbsError::io("creating the side-channel socket"))?;
+    // Leave through the link's address, so the side channel takes the same cable.
+    if device.ip().is_ipv4() == server.is_ipv4() {
+        socket
+            .bind(&SocketAddr::new(device.ip(), 0).into())
+            .map_err(VerbsError::io("binding the side channel"))?;
+    }
+    if let Err(e) = socket.connect_timeout(&server.into(), opts.timeout) {
+        return Err(match e.kind() {
+            std::io::ErrorKind::ConnectionRefused => VerbsError::PeerNotListening { addr: server },
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
+                VerbsError::Unreachable {
+                    addr: server,
+                    detail: format!("no answer within {:?}", opts.timeout),
+                }
+            }
+            _ => VerbsError::Unreachable {
+                addr: server,
+                detail: e.to_string(),
+            },
+        });
+    }
+    let mut stream: TcpStream = socket.into();
+    let _ = stream.set_nodelay(true);
+    stream
+        .set_read_timeout(Some(opts.timeout))
+        .map_err(VerbsError::io("setting a timeout"))?;
+    let qp_num = device.inner.engine.lock().reserve_qpn();
+    let hello = Frame {
+        kind: 1,
+        data_addr: device.data_addr(),
+        qp_num,
+        max_datagram: device.inner.engine.config().max_datagram as u32,
+        token: 0,
+        private: opts.private_data.clone(),
+    };
+    let peer_name = server.to_string();
+    write_frame(&mut stream, &hello).map_err(|e| VerbsError::Handshake {
+        peer: peer_name.clone(),
+        detail: format!("sending the hello: {e}"),
+    })?;
+    let welcome = read_frame(&mut stream, &peer_name)?;
+    if welcome.kind == 3 {
+        return Err(VerbsError::Handshake {
+            peer: peer_name,
+            detail: String::from_utf8_lossy(&welcome.private).into_owned(),
+        });
+    }
+    if welcome.kind != 2 {
+        return Err(VerbsError::Handshake {
+            peer: peer_name,
+            detail: "expected a welcome".into(),
+        });
+    }
+    let qp = establish(
+        pd,
+        send_cq,
+        recv_cq,
+        opts,
+        true,
+        qp_num,
+        welcome.qp_num,
+        welcome.token,
+        welcome.data_addr,
+        deadline,
+    )?;
+    Ok(Connected {
+        qp,
+        peer_private_data: welcome.private,
+        peer: welcome.data_addr,
+    })
+}

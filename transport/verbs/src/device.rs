@@ -1,0 +1,184 @@
+//! Devices (one per link, one data socket each), protection domains and completion queues.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use tbrdma_engine::cq::{Completion, CqShared};
+use tbrdma_engine::io::EngineKind;
+use tbrdma_engine::memory::Arena;
+use tbrdma_engine::worker::{Engine, EngineConfig, Progress, random_u64};
+
+use crate::error::{Result, VerbsError};
+
+/// How to open a device.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceConfig {
+    /// Engine settings (backend, progress mode, spin budget, CPU).
+    pub engine: EngineConfig,
+    /// UDP port of the data socket (0: any free port).
+    pub port: u16,
+}
+
+#[derive(Debug)]
+pub(crate) struct DeviceInner {
+    pub engine: Engine,
+    pub name: String,
+    pub ip: IpAddr,
+}
+
+/// An open link: a data socket bound to the link's address and the engine that serves it.
+#[derive(Clone, Debug)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+/// Finds the IPv4 address of interface `name`.
+fn interface_address(name: &str) -> Result<IpAddr> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| VerbsError::Io {
+        context: "listing interfaces".into(),
+        source: e.into(),
+    })?;
+    let mut seen = Vec::new();
+    let mut found = false;
+    for ifa in addrs {
+        if !seen.contains(&ifa.interface_name) {
+            seen.push(ifa.interface_name.clone());
+        }
+        if ifa.interface_name != name {
+            continue;
+        }
+        found = true;
+        if let Some(sin) = ifa.address.as_ref().and_then(|a| a.as_sockaddr_in()) {
+            return Ok(IpAddr::V4(sin.ip()));
+        }
+    }
+    if found {
+        Err(VerbsError::NoAddress {
+            name: name.to_string(),
+        })
+    } else {
+        Err(VerbsError::NoSuchInterface {
+            name: name.to_string(),
+            available: seen.join(", "),
+        })
+    }
+}
+
+impl Device {
+    /// Opens the link named by an interface name (`thunderbolt0`) or a local IP address.
+    pub fn open(name_or_ip: &str, config: DeviceConfig) -> Result<Device> {
+        let ip = match name_or_ip.parse::<IpAddr>() {
+            Ok(ip) => ip,
+            Err(_) => interface_address(name_or_ip)?,
+        };
+        let bind = SocketAddr::new(ip, config.port);
+        let engine = Engine::start(bind, config.engine).map_err(|e| {
+            if e.raw_os_error() == Some(libc_eaddrnotavail()) {
+                VerbsError::AddressNotLocal {
+                    addr: ip.to_string(),
+                }
+            } else {
+                VerbsError::Io {
+                    context: format!("opening the data socket on {bind}"),
+                    source: e,
+                }
+            }
+        })?;
+        Ok(Device {
+            inner: Arc::new(DeviceInner {
+                engine,
+                name: name_or_ip.to_string(),
+                ip,
+            }),
+        })
+    }
+
+    /// The name or address it was opened by.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The link's local address.
+    pub fn ip(&self) -> IpAddr {
+        self.inner.ip
+    }
+
+    /// The data socket's address.
+    pub fn data_addr(&self) -> SocketAddr {
+        self.inner.engine.local_addr()
+    }
+
+    /// The backend in use.
+    pub fn engine_kind(&self) -> EngineKind {
+        self.inner.engine.kind()
+    }
+
+    /// Why the preferred backend was not used, if it was not.
+    pub fn engine_fallback(&self) -> Option<&str> {
+        self.inner.engine.fallback_reason()
+    }
+
+    /// Who drives progress.
+    pub fn progress_mode(&self) -> Progress {
+        self.inner.engine.config().progress
+    }
+
+    /// Caller mode: runs the engine once. Thread mode: does nothing.
+    pub fn progress(&self) -> Result<bool> {
+        self.inner
+            .engine
+            .progress()
+            .map_err(VerbsError::io("engine progress"))
+    }
+
+    /// A new protection domain: its regions are reachable only through its queue pairs.
+    pub fn alloc_pd(&self) -> crate::ProtectionDomain {
+        let mut seed = [0u8; 32];
+        for chunk in seed.chunks_mut(8) {
+            chunk.copy_from_slice(&random_u64().to_le_bytes());
+        }
+        let mut state = self.inner.engine.lock();
+        state.arenas.push(Arena::new(seed));
+        crate::ProtectionDomain {
+            device: self.clone(),
+            index: state.arenas.len() - 1,
+        }
+    }
+
+    /// A completion queue with room for `capacity` completions.
+    pub fn create_cq(&self, capacity: usize) -> CompletionQueue {
+        CompletionQueue {
+            device: self.clone(),
+            shared: Arc::new(CqShared::new(capacity)),
+        }
+    }
+}
+
+fn libc_eaddrnotavail() -> i32 {
+    nix::errno::Errno::EADDRNOTAVAIL as i32
+}
+
+/// A completion queue (`ibv_cq`).
+#[derive(Clone, Debug)]
+pub struct CompletionQueue {
+    pub(crate) device: Device,
+    pub(crate) shared: Arc<CqShared>,
+}
+
+impl CompletionQueue {
+    /// Moves up to `out.len()` completions into `out` and returns how many. In caller mode
+    /// this also runs the engine once, so polling is what makes progress.
+    pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        if self.shared.is_empty() {
+            self.device.progress()?;
+        }
+        self.shared
+            .poll(out)
+            .map_err(|lost| VerbsError::CqOverflow { lost })
+    }
+
+    /// Capacity.
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity()
+    }
+}

@@ -1,0 +1,204 @@
+//! Protection domains and memory regions.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tbrdma_engine::memory::Buffer;
+use tbrdma_proto::{Access, Region, RemoteAddr, Sge};
+
+use crate::device::Device;
+use crate::error::{Result, VerbsError};
+
+/// A protection domain (`ibv_pd`): regions registered here are reachable only through queue
+/// pairs of the same domain, so an rkey from another domain's connection fails.
+#[derive(Clone, Debug)]
+pub struct ProtectionDomain {
+    pub(crate) device: Device,
+    pub(crate) index: usize,
+}
+
+impl ProtectionDomain {
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Allocates `len` bytes of pinned memory and registers them with `access`.
+    pub fn alloc_mr(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        self.register(Arc::new(Buffer::allocate(len, false)?), access)
+    }
+
+    /// As [`Self::alloc_mr`], backed by 2 MiB huge pages when the system has them reserved
+    /// (`vm.nr_hugepages`); ordinary pages otherwise.
+    pub fn alloc_mr_huge(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        self.register(Arc::new(Buffer::allocate(len, true)?), access)
+    }
+
+    /// Registers memory the caller owns (`ibv_reg_mr` on an existing buffer). It is not pinned
+    /// by tbrdma (pin it yourself if you need to).
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid for reads and writes from any thread, and must not be
+    /// freed, until the returned region and every queue pair that used it are dropped. The
+    /// engine writes into it whenever a peer's WRITE, a READ response or a receive lands there,
+    /// so the caller must not hold Rust references into the range while requests use it.
+    pub unsafe fn register_mr(
+        &self,
+        ptr: NonNull<u8>,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        // SAFETY: forwarded to the caller (this function's contract is Buffer::from_raw's).
+        let buffer = unsafe { Buffer::from_raw(ptr, len) };
+        self.register(Arc::new(buffer), access)
+    }
+
+    fn register(&self, buffer: Arc<Buffer>, access: Access) -> Result<MemoryRegion> {
+        let mut state = self.device.inner.engine.lock();
+        let region = state.arenas[self.index].register(Arc::clone(&buffer), access)?;
+        Ok(MemoryRegion {
+            pd: self.clone(),
+            buffer,
+            region,
+            deregistered: false,
+        })
+    }
+}
+
+/// A registered memory region (`ibv_mr`).
+#[derive(Debug)]
+pub struct MemoryRegion {
+    pd: ProtectionDomain,
+    buffer: Arc<Buffer>,
+    region: Region,
+    deregistered: bool,
+}
+
+impl MemoryRegion {
+    /// Address of the first byte (what work requests and peers name).
+    pub fn addr(&self) -> u64 {
+        self.region.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// Whether it is empty (never).
+    pub fn is_empty(&self) -> bool {
+        self.buffer.is_empty()
+    }
+
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.region.lkey
+    }
+
+    /// Remote key: give it to the peer for one-sided access.
+    pub fn rkey(&self) -> u32 {
+        self.region.rkey
+    }
+
+    /// Whether huge pages back it.
+    pub fn huge_pages(&self) -> bool {
+        self.buffer.huge_pages()
+    }
+
+    /// A local buffer of `len` bytes at `offset`, for a work request.
+    pub fn sge(&self, offset: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.region.addr + offset as u64,
+            len: len as u64,
+            lkey: self.region.lkey,
+        }
+    }
+
+    /// The peer's name for the byte at `offset`.
+    pub fn remote(&self, offset: usize) -> RemoteAddr {
+        RemoteAddr {
+            addr: self.region.addr + offset as u64,
+            rkey: self.region.rkey,
+        }
+    }
+
+    /// Copies bytes out of the region.
+    ///
+    /// # Panics
+    /// If the range is outside the region.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
+        self.buffer.read(offset, out)
+    }
+
+    /// Copies bytes into the region.
+    ///
+    /// # Panics
+    /// If the range is outside the region.
+    pub fn write(&self, offset: usize, data: &[u8]) {
+        self.buffer.write(offset, data)
+    }
+
+    /// Atomically loads the aligned 8-byte word at `offset` (to poll a flag a peer writes).
+    pub fn load_u64(&self, offset: usize) -> u64 {
+        self.buffer.load_u64(offset)
+    }
+
+    /// Deregisters the region, waiting up to `timeout` for requests that name it to complete
+    /// (driving progress meanwhile in caller mode). Its keys stop working at once either way.
+    pub fn deregister(mut self, timeout: Duration) -> Result<()> {
+        let result = self.deregister_inner(timeout);
+        self.deregistered = true;
+        result
+    }
+
+    fn deregister_inner(&mut self, timeout: Duration) -> Result<()> {
+        let engine = &self.pd.device.inner.engine;
+        let key = (self.pd.index, self.region.id);
+        let start = Instant::now();
+        engine.lock().arenas[self.pd.index]
+            .table_mut()
+            .deregister(self.region.id)
+            .ok();
+        loop {
+            {
+                let mut state = engine.lock();
+                let users = state.region_users.get(&key).copied().unwrap_or(0);
+                if users == 0 {
+                    state.arenas[self.pd.index].deregister(self.region.id);
+                    state.region_users.remove(&key);
+                    return Ok(());
+                }
+                if start.elapsed() >= timeout {
+                    return Err(VerbsError::RegionInUse {
+                        users,
+                        waited: timeout,
+                    });
+                }
+            }
+            let _ = engine.progress();
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        if !self.deregistered {
+            // Revoke the keys now; the bytes stay in the arena (kept alive by its Arc) until no
+            // outstanding request names them, so an in-flight send never reads freed memory.
+            let mut state = self.pd.device.inner.engine.lock();
+            let users = state
+                .region_users
+                .get(&(self.pd.index, self.region.id))
+                .copied()
+                .unwrap_or(0);
+            let arena = &mut state.arenas[self.pd.index];
+            if users == 0 {
+                arena.deregister(self.region.id);
+            } else {
+                let _ = arena.table_mut().deregister(self.region.id);
+            }
+        }
+    }
+}

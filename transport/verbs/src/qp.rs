@@ -1,0 +1,168 @@
+//! Queue pairs: posting work requests (a batch under one doorbell) and their state.
+
+use tbrdma_proto::{Access, ConnectionState, Event, Memory, RecvWr, RegionId, SendWr, Stats};
+
+use crate::device::Device;
+use crate::error::{Result, VerbsError};
+use crate::pd::ProtectionDomain;
+
+/// A connected reliable queue pair (`ibv_qp` of type RC). Created by the connection manager
+/// ([`crate::connect`], [`crate::Listener::accept`]). Dropping it closes the connection.
+#[derive(Debug)]
+pub struct QueuePair {
+    pub(crate) device: Device,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) qp_num: u32,
+}
+
+fn region_of<M: Memory>(mem: &M, lkey: u32, addr: u64, len: u64) -> Option<RegionId> {
+    (len > 0)
+        .then(|| {
+            mem.table()
+                .check_local(lkey, addr, len, Access::empty())
+                .ok()
+                .map(|p| p.region)
+        })
+        .flatten()
+}
+
+impl QueuePair {
+    /// Local queue pair number.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
+    /// Posts send-queue work requests, all under one doorbell: one lock, one transmission
+    /// burst. Each accepted request completes exactly once on the send completion queue.
+    /// Stops at the first refused request (queue full, malformed) and returns its error; the
+    /// ones before it were posted.
+    pub fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
+        let qp_num = self.qp_num;
+        let pd = self.pd.index;
+        self.device
+            .inner
+            .engine
+            .post(|state, _now| {
+                let mut used = Vec::with_capacity(wrs.len());
+                let mut result = Ok(());
+                match state.conns.get_mut(&qp_num) {
+                    None => {
+                        result = Err(VerbsError::QpFailed {
+                            qp_num,
+                            reason: "closed".into(),
+                        })
+                    }
+                    Some(slot) => {
+                        let arena = &state.arenas[pd];
+                        for wr in wrs {
+                            if let Err(e) = slot.conn.post_send(*wr, arena) {
+                                result = Err(e.into());
+                                break;
+                            }
+                            let region =
+                                region_of(arena, wr.local.lkey, wr.local.addr, wr.local.len);
+                            slot.sq_regions.push_back(region);
+                            used.push(region);
+                        }
+                    }
+                }
+                for region in used {
+                    state.use_region(pd, region);
+                }
+                result
+            })
+            .map_err(VerbsError::io("sending"))?
+    }
+
+    /// Posts receive buffers, in order.
+    pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
+        let qp_num = self.qp_num;
+        let pd = self.pd.index;
+        self.device
+            .inner
+            .engine
+            .post(|state, _now| {
+                let mut used = Vec::with_capacity(wrs.len());
+                let mut result = Ok(());
+                match state.conns.get_mut(&qp_num) {
+                    None => {
+                        result = Err(VerbsError::QpFailed {
+                            qp_num,
+                            reason: "closed".into(),
+                        })
+                    }
+                    Some(slot) => {
+                        let arena = &state.arenas[pd];
+                        for wr in wrs {
+                            if let Err(e) = slot.conn.post_recv(*wr) {
+                                result = Err(e.into());
+                                break;
+                            }
+                            let region =
+                                region_of(arena, wr.local.lkey, wr.local.addr, wr.local.len);
+                            slot.rq_regions.push_back(region);
+                            used.push(region);
+                        }
+                    }
+                }
+                for region in used {
+                    state.use_region(pd, region);
+                }
+                result
+            })
+            .map_err(VerbsError::io("posting receives"))?
+    }
+
+    /// The connection's state.
+    pub fn state(&self) -> ConnectionState {
+        let state = self.device.inner.engine.lock();
+        state
+            .conns
+            .get(&self.qp_num)
+            .map_or(ConnectionState::Closed, |s| s.conn.state())
+    }
+
+    /// Connection events since the last call (established, failed and why, closed).
+    pub fn take_events(&self) -> Vec<Event> {
+        let mut state = self.device.inner.engine.lock();
+        state
+            .conns
+            .get_mut(&self.qp_num)
+            .map(|s| std::mem::take(&mut s.events))
+            .unwrap_or_default()
+    }
+
+    /// Protocol counters.
+    pub fn stats(&self) -> Stats {
+        let state = self.device.inner.engine.lock();
+        state
+            .conns
+            .get(&self.qp_num)
+            .map(|s| *s.conn.stats())
+            .unwrap_or_default()
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let qp_num = self.qp_num;
+        let _ = self.device.inner.engine.post(|state, now| {
+            if let Some(slot) = state.conns.get_mut(&qp_num) {
+                slot.conn.close(now);
+                // The engine removes the slot once the CLOSE has gone out.
+                slot.detached = true;
+            }
+        });
+        let _ = self.device.inner.engine.progress();
+    }
+}
