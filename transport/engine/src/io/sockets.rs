@@ -158,7 +158,17 @@ impl DatagramIo for SocketIo {
                     continue;
                 }
                 let err = io::Error::last_os_error();
-                if is_stale_icmp_error(&err) {
+                if is_stale_icmp_error(&err) && retries < 3 {
+                    // Most likely an ICMP error left by an earlier datagram: try again.
+                    retries += 1;
+                    continue;
+                }
+                if is_stale_icmp_error(&err) || err.raw_os_error() == Some(libc::ENETDOWN) {
+                    // The route is gone (link down): this datagram is lost, and the protocol's
+                    // retransmission, on another rail if there is one, takes over.
+                    self.send_drops += 1;
+                    done += 1;
+                    retries = 0;
                     continue;
                 }
                 if is_transient(&err) && retries < SEND_RETRIES {

@@ -1022,7 +1022,7 @@ mod tests {
         for addr in ["127.0.0.1:4791", "[::1]:4791", "[fe80::1%3]:9"] {
             let addr: SocketAddr = addr.parse().unwrap();
             let (storage, len) = sockaddr(&addr);
-            // SAFETY (test): `storage` is a plain struct of at least `len` bytes.
+            // SAFETY: `storage` is a plain struct of at least `len` initialised bytes.
             let bytes = unsafe {
                 std::slice::from_raw_parts(&storage as *const _ as *const u8, len as usize)
             };
