@@ -196,3 +196,120 @@ fn too_little_memlock_names_the_limit_and_the_fix() {
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("memlock error"), "{out}");
 }
+
+#[test]
+fn two_rails_stripe_and_survive_one_going_down() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("vr", 2, LabTopology::Pair, 2) else {
+        return;
+    };
+    for engine in ["sockets", "uring"] {
+        let ips = |rank: usize| {
+            format!(
+                "{},{}",
+                lab.address(rank, 1 - rank, 0),
+                lab.address(rank, 1 - rank, 1)
+            )
+        };
+        let server_ip = lab.address(0, 1, 0);
+        let server = lab.spawn_peer(
+            PEER,
+            0,
+            &args(&[
+                ("role", "server".to_string()),
+                ("scenario", "rails".to_string()),
+                ("ip", ips(0)),
+                ("port", PORT.to_string()),
+                ("engine", engine.to_string()),
+            ]),
+        );
+        let mut client = lab.spawn_peer(
+            PEER,
+            1,
+            &args(&[
+                ("role", "client".to_string()),
+                ("scenario", "rails".to_string()),
+                ("ip", ips(1)),
+                ("server", format!("{server_ip}:{PORT}")),
+                ("engine", engine.to_string()),
+            ]),
+        );
+        let mut lines = BufReader::new(client.stdout.take().expect("stdout")).lines();
+        let mut seen = Vec::new();
+        for line in lines.by_ref() {
+            let line = line.expect("client output");
+            seen.push(line.clone());
+            if line.starts_with("streaming") {
+                break;
+            }
+        }
+        assert!(
+            seen.last().is_some_and(|l| l.starts_with("streaming")),
+            "{engine}: client never streamed: {seen:?}"
+        );
+        // Both rails carried the first write (it is striped): "streaming on 2 rails: [a, b]".
+        let counts: Vec<u64> = seen
+            .last()
+            .and_then(|l| l.split('[').nth(1))
+            .map(|l| {
+                l.trim_end_matches(']')
+                    .split(", ")
+                    .filter_map(|n| n.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            counts.len() == 2 && counts.iter().all(|&c| c > 0),
+            "{engine}: not striped over both rails: {seen:?}"
+        );
+        // Pull cable 2 on the client's side, mid-transfer.
+        let interface = lab.interface(1, 0, 1);
+        let status = std::process::Command::new("ip")
+            .args([
+                "-n",
+                &lab.namespace(1),
+                "link",
+                "set",
+                "dev",
+                &interface,
+                "down",
+            ])
+            .status()
+            .expect("run ip");
+        assert!(status.success(), "taking {interface} down failed");
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let status = client.wait().expect("client exit");
+        let mut err = String::new();
+        if let Some(mut e) = client.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut err);
+        }
+        let (_, s_out, s_err) = finish(server);
+        assert!(
+            status.success(),
+            "{engine}: {seen:?}\n{rest:?}\n{err}\nserver: {s_out}\n{s_err}"
+        );
+        assert!(rest.iter().any(|l| l == "target verified"), "{rest:?}");
+        let summary = rest
+            .iter()
+            .find(|l| l.contains("datagrams per rail"))
+            .expect("summary");
+        assert!(
+            !summary.ends_with("rails declared down 0"),
+            "rail 2 was never declared down: {summary}"
+        );
+        // Bring the cable back for the next engine.
+        let _ = std::process::Command::new("ip")
+            .args([
+                "-n",
+                &lab.namespace(1),
+                "link",
+                "set",
+                "dev",
+                &interface,
+                "up",
+            ])
+            .status();
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}

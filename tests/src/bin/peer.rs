@@ -67,7 +67,9 @@ fn device(args: &Args) -> anyhow::Result<Device> {
             .map_err(|e: String| anyhow!(e))?,
         ..EngineConfig::default()
     };
-    let dev = Device::open(args.get("ip")?, DeviceConfig { engine, port: 0 })?;
+    // `ip=a,b` opens two rails (cables to the same peer), in order.
+    let ips: Vec<&str> = args.get("ip")?.split(',').collect();
+    let dev = Device::open_rails(&ips, DeviceConfig { engine, port: 0 })?;
     println!(
         "engine {} ({:?} progress){}",
         dev.engine_kind().name(),
@@ -538,6 +540,58 @@ fn client_kill(args: &Args) -> anyhow::Result<()> {
     }
 }
 
+fn client_rails(args: &Args) -> anyhow::Result<()> {
+    let (_dev, _pd, mut c) = client_connect(args, Config::default())?;
+    let data = pattern(16 * MIB, 3);
+    c.src.write(0, &data);
+    let mut buf = [Completion::default(); 64];
+    let mut outstanding = 0;
+    let mut streaming_since: Option<Instant> = None;
+    let mut next = 0usize;
+    let mut done = 0u64;
+    // Stream 1 MiB WRITEs for two seconds after the first one lands; the test takes a rail
+    // down meanwhile. Every write must still succeed.
+    while streaming_since.is_none_or(|t| t.elapsed() < Duration::from_secs(2)) || outstanding > 0 {
+        let keep_posting = streaming_since.is_none_or(|t| t.elapsed() < Duration::from_secs(2));
+        while keep_posting && outstanding < 8 {
+            c.post(
+                c.src.sge(next * MIB, MIB),
+                SendOp::Write {
+                    remote: c.at(next * MIB),
+                },
+            )?;
+            next = (next + 1) % 16;
+            outstanding += 1;
+        }
+        let n = c.cq.poll(&mut buf)?;
+        for wc in buf[..n].iter().map(|b| b.wc) {
+            outstanding -= 1;
+            ensure!(
+                wc.status == WcStatus::Success,
+                "write {} failed: {:?} (after {done} good ones)",
+                wc.wr_id,
+                wc.status
+            );
+            done += 1;
+            if streaming_since.is_none() {
+                let (sent, _) = c.qp.rail_stats();
+                println!("streaming on {} rails: {sent:?}", sent.len());
+                streaming_since = Some(Instant::now());
+            }
+        }
+    }
+    let (sent, failovers) = c.qp.rail_stats();
+    println!(
+        "{done} writes of 1 MiB succeeded; datagrams per rail {sent:?}; rails declared down {failovers}"
+    );
+    c.run(c.dst.sge(0, 16 * MIB), SendOp::Read { remote: c.at(0) })?;
+    let mut back = vec![0u8; 16 * MIB];
+    c.dst.read(0, &mut back);
+    ensure!(back == data, "the target differs from what was written");
+    println!("target verified");
+    Ok(())
+}
+
 fn memlock(args: &Args) -> anyhow::Result<()> {
     // Drop root (and its CAP_IPC_LOCK) so the memlock limit applies, then ask for more.
     nix::unistd::setgid(nix::unistd::Gid::from_raw(65534))?;
@@ -586,6 +640,7 @@ fn main() -> ExitCode {
         (_, "ops") => client_ops(&args),
         (_, "access") => client_access(&args),
         (_, "kill") => client_kill(&args),
+        (_, "rails") => client_rails(&args),
         (role, scenario) => Err(anyhow!("unknown role {role:?} / scenario {scenario:?}")),
     };
     match result {

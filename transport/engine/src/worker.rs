@@ -100,8 +100,8 @@ pub struct EngineStats {
 pub struct Slot {
     /// The protocol state machine.
     pub conn: Connection,
-    /// The peer's data socket: datagrams from anywhere else are dropped.
-    pub peer: SocketAddr,
+    /// The peer's data socket on each rail: datagrams from anywhere else are dropped.
+    pub peers: Vec<SocketAddr>,
     /// Protection domain (index of its arena).
     pub pd: usize,
     /// Where send-queue completions go.
@@ -130,7 +130,8 @@ pub struct State {
     /// Counters.
     pub stats: EngineStats,
     next_qpn: u32,
-    tx: TxBatch,
+    /// Datagrams waiting to leave, one batch per rail.
+    tx: Vec<TxBatch>,
     next_deadline: Option<Time>,
 }
 
@@ -162,24 +163,28 @@ impl State {
 
     /// Receives, handles deadlines, transmits and routes completions once. Returns whether
     /// anything happened.
-    pub fn run_once(&mut self, io: &mut dyn DatagramIo, now: Time) -> io::Result<bool> {
+    pub fn run_once(&mut self, rails: &mut [Box<dyn DatagramIo>], now: Time) -> io::Result<bool> {
         let State {
             conns,
             arenas,
             stats,
             ..
         } = self;
-        let received = io.recv(&mut |data, from| {
-            let qpn = data
-                .get(16..20)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-            match qpn.and_then(|q| conns.get_mut(&q)) {
-                Some(slot) if slot.peer == from => {
-                    slot.conn.handle_datagram(now, data, &mut arenas[slot.pd]);
+        let mut received = 0;
+        for (rail, io) in rails.iter_mut().enumerate() {
+            received += io.recv(&mut |data, from| {
+                let qpn = data
+                    .get(16..20)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                match qpn.and_then(|q| conns.get_mut(&q)) {
+                    Some(slot) if slot.peers.get(rail) == Some(&from) => {
+                        slot.conn
+                            .handle_datagram_on(now, data, rail, &mut arenas[slot.pd]);
+                    }
+                    _ => stats.foreign_datagrams += 1,
                 }
-                _ => stats.foreign_datagrams += 1,
-            }
-        })?;
+            })?;
+        }
         if self.next_deadline.is_some_and(|d| d <= now) {
             for slot in self.conns.values_mut() {
                 if slot.conn.poll_timeout().is_some_and(|d| d <= now) {
@@ -187,7 +192,7 @@ impl State {
                 }
             }
         }
-        let sent = self.flush(io, now)?;
+        let sent = self.flush(rails, now)?;
         let busy = received > 0 || sent;
         if busy {
             self.stats.busy_iterations += 1;
@@ -197,20 +202,30 @@ impl State {
 
     /// Transmits whatever the connections have to send and routes their completions and
     /// events. Returns whether a datagram went out.
-    pub fn flush(&mut self, io: &mut dyn DatagramIo, now: Time) -> io::Result<bool> {
+    pub fn flush(&mut self, rails: &mut [Box<dyn DatagramIo>], now: Time) -> io::Result<bool> {
         let mut sent = false;
         let mut deadline: Option<Time> = None;
         let mut released: Vec<(usize, Option<RegionId>)> = Vec::new();
         for slot in self.conns.values_mut() {
             let arena = &self.arenas[slot.pd];
             loop {
-                if self.tx.is_full() {
-                    io.send(&mut self.tx)?;
-                    sent = true;
+                // Every batch needs a free buffer: the datagram's rail is known only after.
+                for (rail, batch) in self.tx.iter_mut().enumerate() {
+                    if batch.is_full() {
+                        rails[rail].send(batch)?;
+                        sent = true;
+                    }
                 }
-                let buf = self.tx.next_buf().expect("a free buffer after sending");
-                match slot.conn.poll_transmit(now, buf, arena) {
-                    Some(len) => self.tx.commit(len, slot.peer),
+                let (first, others) = self.tx.split_first_mut().expect("at least one rail");
+                let buf = first.next_buf().expect("a free buffer after sending");
+                match slot.conn.poll_transmit_path(now, buf, arena) {
+                    Some((len, path)) => {
+                        let path = path.min(slot.peers.len() - 1);
+                        first.commit(len, slot.peers[path]);
+                        if path > 0 {
+                            first.move_last_to(&mut others[path - 1]);
+                        }
+                    }
                     None => break,
                 }
             }
@@ -237,9 +252,11 @@ impl State {
         }
         // Dropped queue pairs whose CLOSE is now in the batch leave the table.
         self.conns.retain(|_, slot| !slot.detached);
-        if !self.tx.is_empty() {
-            io.send(&mut self.tx)?;
-            sent = true;
+        for (rail, batch) in self.tx.iter_mut().enumerate() {
+            if !batch.is_empty() {
+                rails[rail].send(batch)?;
+                sent = true;
+            }
         }
         self.next_deadline = deadline;
         Ok(sent)
@@ -256,7 +273,7 @@ impl State {
 struct Shared {
     state: Mutex<State>,
     /// The backend, in caller mode (in thread mode the engine thread owns it).
-    io: Mutex<Option<Box<dyn DatagramIo>>>,
+    io: Mutex<Option<Vec<Box<dyn DatagramIo>>>>,
     wake: EventFd,
     sleeping: AtomicBool,
     stop: AtomicBool,
@@ -277,7 +294,27 @@ pub struct Engine {
     config: EngineConfig,
     kind: EngineKind,
     fallback: Option<String>,
-    local_addr: SocketAddr,
+    local_addrs: Vec<SocketAddr>,
+}
+
+/// Opens a backend on each rail's socket; returns them, the kind of the first and any
+/// fallback reason.
+type OpenedRails = (Vec<Box<dyn DatagramIo>>, EngineKind, Option<String>);
+
+fn open_rails(
+    config: &EngineConfig,
+    sockets: Vec<UdpSocket>,
+    single_issuer: bool,
+) -> io::Result<OpenedRails> {
+    let mut rails = Vec::with_capacity(sockets.len());
+    let mut fallback = None;
+    for socket in sockets {
+        let (io, why) = open_io(config.engine, socket, config.max_datagram, single_issuer)?;
+        fallback = fallback.or(why);
+        rails.push(io);
+    }
+    let kind = rails[0].kind();
+    Ok((rails, kind, fallback))
 }
 
 fn os_seed() -> [u8; 32] {
@@ -295,17 +332,34 @@ pub fn random_u64() -> u64 {
 }
 
 impl Engine {
-    /// Binds a UDP socket to `bind` and starts an engine on it.
-    pub fn start(bind: SocketAddr, config: EngineConfig) -> io::Result<Engine> {
-        let socket = bind_socket(bind, config.socket_buffer)?;
-        let local_addr = socket.local_addr()?;
+    /// Binds a UDP socket to each address of `binds` (one per rail: the links to the same
+    /// peers) and starts an engine on them.
+    pub fn start(binds: &[SocketAddr], config: EngineConfig) -> io::Result<Engine> {
+        if binds.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an engine needs at least one address",
+            ));
+        }
+        let sockets = binds
+            .iter()
+            .map(|b| bind_socket(*b, config.socket_buffer))
+            .collect::<io::Result<Vec<_>>>()?;
+        let local_addrs = sockets
+            .iter()
+            .map(UdpSocket::local_addr)
+            .collect::<io::Result<Vec<_>>>()?;
+        let local_addr = local_addrs[0];
         let state = State {
             arenas: Vec::new(),
             region_users: HashMap::new(),
             conns: HashMap::new(),
             stats: EngineStats::default(),
             next_qpn: (random_u64() as u32) & 0x00ff_ffff,
-            tx: TxBatch::new(32, config.max_datagram),
+            tx: binds
+                .iter()
+                .map(|_| TxBatch::new(32, config.max_datagram))
+                .collect(),
             next_deadline: None,
         };
         let shared = Arc::new(Shared {
@@ -318,9 +372,8 @@ impl Engine {
         });
         let (kind, fallback, worker) = match config.progress {
             Progress::Caller => {
-                let (io, fallback) = open_io(config.engine, socket, config.max_datagram, false)?;
-                let kind = io.kind();
-                *shared.io.lock().expect("io lock") = Some(io);
+                let (rails, kind, fallback) = open_rails(&config, sockets, false)?;
+                *shared.io.lock().expect("io lock") = Some(rails);
                 (kind, fallback, None)
             }
             Progress::Thread => {
@@ -331,15 +384,10 @@ impl Engine {
                     .name("tbrdma-engine".into())
                     .spawn(move || {
                         // The backend is created on this thread, which will be its only user.
-                        match open_io(
-                            thread_config.engine,
-                            socket,
-                            thread_config.max_datagram,
-                            true,
-                        ) {
-                            Ok((io, fallback)) => {
-                                let _ = ready_tx.send(Ok((io.kind(), fallback)));
-                                engine_thread(thread_shared, io, thread_config);
+                        match open_rails(&thread_config, sockets, true) {
+                            Ok((rails, kind, fallback)) => {
+                                let _ = ready_tx.send(Ok((kind, fallback)));
+                                engine_thread(thread_shared, rails, thread_config);
                             }
                             Err(e) => {
                                 let _ = ready_tx.send(Err(e));
@@ -367,7 +415,7 @@ impl Engine {
             config,
             kind,
             fallback,
-            local_addr,
+            local_addrs,
         })
     }
 
@@ -381,9 +429,14 @@ impl Engine {
         self.fallback.as_deref()
     }
 
-    /// The data socket's address (what peers send to).
+    /// The data socket's address on rail 0 (what peers send to).
     pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.local_addrs[0]
+    }
+
+    /// The data sockets' addresses, one per rail.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.local_addrs
     }
 
     /// The configuration.
@@ -410,8 +463,8 @@ impl Engine {
                 let mut state = self.lock();
                 let now = self.now();
                 let result = f(&mut state, now);
-                if let Some(io) = io.as_mut() {
-                    state.flush(io.as_mut(), now)?;
+                if let Some(rails) = io.as_mut() {
+                    state.flush(rails, now)?;
                 }
                 Ok(result)
             }
@@ -438,11 +491,11 @@ impl Engine {
         let Ok(mut io) = self.shared.io.try_lock() else {
             return Ok(false);
         };
-        let Some(io) = io.as_mut() else {
+        let Some(rails) = io.as_mut() else {
             return Ok(false);
         };
         let mut state = self.lock();
-        state.run_once(io.as_mut(), self.now())
+        state.run_once(rails, self.now())
     }
 }
 
@@ -467,7 +520,7 @@ fn bind_socket(bind: SocketAddr, buffer: usize) -> io::Result<UdpSocket> {
     Ok(socket.into())
 }
 
-fn engine_thread(shared: Arc<Shared>, mut io: Box<dyn DatagramIo>, config: EngineConfig) {
+fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, config: EngineConfig) {
     if let Some(cpu) = config.cpu {
         let mut set = nix::sched::CpuSet::new();
         if set.set(cpu).is_ok() {
@@ -478,7 +531,7 @@ fn engine_thread(shared: Arc<Shared>, mut io: Box<dyn DatagramIo>, config: Engin
     }
     let mut last_busy = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
-        let busy = run_locked(&shared, io.as_mut());
+        let busy = run_locked(&shared, &mut rails);
         if busy {
             last_busy = Instant::now();
             continue;
@@ -490,7 +543,7 @@ fn engine_thread(shared: Arc<Shared>, mut io: Box<dyn DatagramIo>, config: Engin
         // Announce the sleep, then look once more: a post that raced with the announcement is
         // either seen now or wakes the sleep through the eventfd.
         shared.sleeping.store(true, Ordering::SeqCst);
-        if !run_locked(&shared, io.as_mut()) {
+        if !run_locked(&shared, &mut rails) {
             let deadline = shared
                 .state
                 .lock()
@@ -501,7 +554,13 @@ fn engine_thread(shared: Arc<Shared>, mut io: Box<dyn DatagramIo>, config: Engin
                 .map_or(config.max_sleep, |d| d.saturating_since(now))
                 .min(config.max_sleep);
             shared.state.lock().expect("engine state lock").stats.sleeps += 1;
-            if let Err(e) = io.wait(timeout, shared.wake.as_fd()) {
+            // With several rails the sleep watches rail 0 only, so it is kept short.
+            let timeout = if rails.len() > 1 {
+                timeout.min(Duration::from_millis(1))
+            } else {
+                timeout
+            };
+            if let Err(e) = rails[0].wait(timeout, shared.wake.as_fd()) {
                 tracing::error!("engine wait failed: {e}");
             }
             let _ = shared.wake.read();
@@ -511,10 +570,10 @@ fn engine_thread(shared: Arc<Shared>, mut io: Box<dyn DatagramIo>, config: Engin
     }
 }
 
-fn run_locked(shared: &Shared, io: &mut dyn DatagramIo) -> bool {
+fn run_locked(shared: &Shared, rails: &mut [Box<dyn DatagramIo>]) -> bool {
     let now = shared.now();
     let mut state = shared.state.lock().expect("engine state lock");
-    match state.run_once(io, now) {
+    match state.run_once(rails, now) {
         Ok(busy) => busy,
         Err(e) => {
             tracing::error!("engine I/O failed: {e}");
@@ -530,19 +589,20 @@ pub fn new_slot(
     active: bool,
     params: ConnectParams,
     now: Time,
-    peer: SocketAddr,
+    peers: Vec<SocketAddr>,
     pd: usize,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
 ) -> Slot {
-    let conn = if active {
+    let mut conn = if active {
         Connection::connect(config, params, now)
     } else {
         Connection::accept(config, params, now)
     };
+    conn.set_paths(peers.len());
     Slot {
         conn,
-        peer,
+        peers,
         pd,
         send_cq,
         recv_cq,

@@ -6,10 +6,11 @@
 //! caller binds it elsewhere explicitly.
 //!
 //! Side-channel frames: a 4-byte little-endian length, then `"tbCM"`, version (u16), kind
-//! (u8: 1 hello, 2 welcome, 3 reject), the sender's data socket (16-byte IPv6 or IPv4-mapped
-//! address, u16 port), queue pair number (u32), largest datagram (u32), session token (u64,
-//! welcome only; zero otherwise), private-data length (u32) and bytes. A reject carries a UTF-8
-//! message as its private data.
+//! (u8: 1 hello, 2 welcome, 3 reject), the number of rails (u8, 1 to 8) and the sender's data
+//! socket on each (16-byte IPv6 or IPv4-mapped address, u16 port), queue pair number (u32),
+//! largest datagram (u32), session token (u64, welcome only; zero otherwise), private-data
+//! length (u32) and bytes. A reject carries a UTF-8 message as its private data. A connection
+//! uses as many rails as the side with fewer has, pairing them in order.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
@@ -27,8 +28,10 @@ use crate::qp::QueuePair;
 const MAGIC: &[u8; 4] = b"tbCM";
 const VERSION: u16 = 1;
 const MAX_PRIVATE: usize = 64 * 1024;
-/// Bytes of a frame body before its private data.
-const HEADER_LEN: usize = 45;
+/// Bytes of a frame body with one rail and no private data.
+const HEADER_LEN: usize = 46;
+/// Most rails a frame may list.
+const MAX_RAILS: usize = 8;
 
 /// Options for a new connection.
 #[derive(Clone, Debug)]
@@ -64,7 +67,7 @@ pub struct Connected {
 
 struct Frame {
     kind: u8,
-    data_addr: SocketAddr,
+    data_addrs: Vec<SocketAddr>,
     qp_num: u32,
     max_datagram: u32,
     token: u64,
@@ -72,16 +75,19 @@ struct Frame {
 }
 
 fn write_frame(stream: &mut TcpStream, f: &Frame) -> std::io::Result<()> {
-    let ip = match f.data_addr.ip() {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        IpAddr::V6(v6) => v6,
-    };
     let mut body = Vec::with_capacity(48 + f.private.len());
     body.extend_from_slice(MAGIC);
     body.extend_from_slice(&VERSION.to_le_bytes());
     body.push(f.kind);
-    body.extend_from_slice(&ip.octets());
-    body.extend_from_slice(&f.data_addr.port().to_le_bytes());
+    body.push(f.data_addrs.len().min(MAX_RAILS) as u8);
+    for addr in f.data_addrs.iter().take(MAX_RAILS) {
+        let ip = match addr.ip() {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        body.extend_from_slice(&ip.octets());
+        body.extend_from_slice(&addr.port().to_le_bytes());
+    }
     body.extend_from_slice(&f.qp_num.to_le_bytes());
     body.extend_from_slice(&f.max_datagram.to_le_bytes());
     body.extend_from_slice(&f.token.to_le_bytes());
@@ -102,7 +108,7 @@ fn read_frame(stream: &mut TcpStream, peer: &str) -> Result<Frame> {
         .read_exact(&mut len)
         .map_err(|e| bad(&format!("reading the setup message: {e}")))?;
     let len = u32::from_le_bytes(len) as usize;
-    if !(HEADER_LEN..=HEADER_LEN + MAX_PRIVATE).contains(&len) {
+    if !(HEADER_LEN..=HEADER_LEN + 18 * (MAX_RAILS - 1) + MAX_PRIVATE).contains(&len) {
         return Err(bad("not a tbrdma connection manager (bad frame length)"));
     }
     let mut body = vec![0u8; len];
@@ -119,21 +125,36 @@ fn read_frame(stream: &mut TcpStream, peer: &str) -> Result<Frame> {
         )));
     }
     let kind = body[6];
-    let ip: [u8; 16] = body[7..23].try_into().expect("16 bytes");
-    let ip = Ipv6Addr::from(ip);
-    let ip = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
-    let port = u16::from_le_bytes([body[23], body[24]]);
-    let qp_num = u32::from_le_bytes(body[25..29].try_into().expect("4 bytes"));
-    let max_datagram = u32::from_le_bytes(body[29..33].try_into().expect("4 bytes"));
-    let token = u64::from_le_bytes(body[33..41].try_into().expect("8 bytes"));
-    let plen = u32::from_le_bytes(body[41..45].try_into().expect("4 bytes")) as usize;
+    let rails = usize::from(body[7]);
+    if rails == 0 || rails > MAX_RAILS {
+        return Err(bad("a setup message must list 1 to 8 rails"));
+    }
+    let fixed = 8 + 18 * rails;
+    if body.len() < fixed + 20 {
+        return Err(bad("setup message truncated"));
+    }
+    let mut data_addrs = Vec::with_capacity(rails);
+    for r in 0..rails {
+        let at = 8 + 18 * r;
+        let ip = Ipv6Addr::from(<[u8; 16]>::try_from(&body[at..at + 16]).expect("16 bytes"));
+        let ip = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
+        data_addrs.push(SocketAddr::new(
+            ip,
+            u16::from_le_bytes([body[at + 16], body[at + 17]]),
+        ));
+    }
+    let field = |at: usize, n: usize| &body[fixed + at..fixed + at + n];
+    let qp_num = u32::from_le_bytes(field(0, 4).try_into().expect("4 bytes"));
+    let max_datagram = u32::from_le_bytes(field(4, 4).try_into().expect("4 bytes"));
+    let token = u64::from_le_bytes(field(8, 8).try_into().expect("8 bytes"));
+    let plen = u32::from_le_bytes(field(16, 4).try_into().expect("4 bytes")) as usize;
     let private = body
-        .get(45..45 + plen)
+        .get(fixed + 20..fixed + 20 + plen)
         .ok_or_else(|| bad("private data truncated"))?
         .to_vec();
     Ok(Frame {
         kind,
-        data_addr: SocketAddr::new(ip, port),
+        data_addrs,
         qp_num,
         max_datagram,
         token,
@@ -160,11 +181,14 @@ fn establish(
     qp_num: u32,
     remote_qpn: u32,
     token: u64,
-    peer: SocketAddr,
+    mut peers: Vec<SocketAddr>,
     deadline: Instant,
 ) -> Result<QueuePair> {
     let device = &pd.device;
     let engine = &device.inner.engine;
+    // Rails pair up in order; the side with fewer decides how many are used.
+    peers.truncate(device.rails());
+    let peer = peers[0];
     let params = ConnectParams {
         token,
         local_qpn: qp_num,
@@ -179,7 +203,7 @@ fn establish(
                 active,
                 params,
                 now,
-                peer,
+                peers,
                 pd.index,
                 send_cq.shared.clone(),
                 recv_cq.shared.clone(),
@@ -281,7 +305,7 @@ impl Listener {
         let token = random_u64();
         let welcome = Frame {
             kind: 2,
-            data_addr: self.device.data_addr(),
+            data_addrs: self.device.data_addrs().to_vec(),
             qp_num,
             max_datagram: self.device.inner.engine.config().max_datagram as u32,
             token,
@@ -296,7 +320,7 @@ impl Listener {
             qp_num,
             hello.qp_num,
             token,
-            hello.data_addr,
+            hello.data_addrs.clone(),
         )?;
         write_frame(&mut stream, &welcome).map_err(|e| VerbsError::Handshake {
             peer: peer_name.clone(),
@@ -306,7 +330,7 @@ impl Listener {
         Ok(Connected {
             qp,
             peer_private_data: hello.private,
-            peer: hello.data_addr,
+            peer: hello.data_addrs[0],
         })
     }
 
@@ -368,9 +392,11 @@ fn establish_later<'a>(
     qp_num: u32,
     remote_qpn: u32,
     token: u64,
-    peer: SocketAddr,
+    mut peers: Vec<SocketAddr>,
 ) -> Result<Pending<'a>> {
     let device = &pd.device;
+    peers.truncate(device.rails());
+    let peer = peers[0];
     let params = ConnectParams {
         token,
         local_qpn: qp_num,
@@ -387,7 +413,7 @@ fn establish_later<'a>(
                 false,
                 params,
                 now,
-                peer,
+                peers,
                 pd.index,
                 send_cq.shared.clone(),
                 recv_cq.shared.clone(),
@@ -476,7 +502,7 @@ pub fn connect(
     let qp_num = device.inner.engine.lock().reserve_qpn();
     let hello = Frame {
         kind: 1,
-        data_addr: device.data_addr(),
+        data_addrs: device.data_addrs().to_vec(),
         qp_num,
         max_datagram: device.inner.engine.config().max_datagram as u32,
         token: 0,
@@ -509,12 +535,12 @@ pub fn connect(
         qp_num,
         welcome.qp_num,
         welcome.token,
-        welcome.data_addr,
+        welcome.data_addrs.clone(),
         deadline,
     )?;
     Ok(Connected {
         qp,
         peer_private_data: welcome.private,
-        peer: welcome.data_addr,
+        peer: welcome.data_addrs[0],
     })
 }

@@ -23,7 +23,8 @@ pub struct DeviceConfig {
 pub(crate) struct DeviceInner {
     pub engine: Engine,
     pub name: String,
-    pub ip: IpAddr,
+    /// The local address of each rail; rail 0 carries connection setup.
+    pub ips: Vec<IpAddr>,
 }
 
 /// An open link: a data socket bound to the link's address and the engine that serves it.
@@ -67,19 +68,44 @@ fn interface_address(name: &str) -> Result<IpAddr> {
 impl Device {
     /// Opens the link named by an interface name (`thunderbolt0`) or a local IP address.
     pub fn open(name_or_ip: &str, config: DeviceConfig) -> Result<Device> {
-        let ip = match name_or_ip.parse::<IpAddr>() {
-            Ok(ip) => ip,
-            Err(_) => interface_address(name_or_ip)?,
-        };
-        let bind = SocketAddr::new(ip, config.port);
-        let engine = Engine::start(bind, config.engine).map_err(|e| {
+        Device::open_rails(&[name_or_ip], config)
+    }
+
+    /// Opens several links to the same peers as one device with several rails (two cables
+    /// between two hosts): connections stripe large messages over every rail and carry on over
+    /// the others when one goes down. Both hosts must list their rails in the same order
+    /// (cable 1 first).
+    pub fn open_rails(names: &[&str], config: DeviceConfig) -> Result<Device> {
+        if names.is_empty() {
+            return Err(VerbsError::NoSuchInterface {
+                name: String::new(),
+                available: "(no interface given)".into(),
+            });
+        }
+        let mut ips = Vec::with_capacity(names.len());
+        for name in names {
+            ips.push(match name.parse::<IpAddr>() {
+                Ok(ip) => ip,
+                Err(_) => interface_address(name)?,
+            });
+        }
+        let binds: Vec<SocketAddr> = ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| SocketAddr::new(*ip, if i == 0 { config.port } else { 0 }))
+            .collect();
+        let engine = Engine::start(&binds, config.engine).map_err(|e| {
             if e.raw_os_error() == Some(libc_eaddrnotavail()) {
                 VerbsError::AddressNotLocal {
-                    addr: ip.to_string(),
+                    addr: ips
+                        .iter()
+                        .map(|ip| ip.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
                 }
             } else {
                 VerbsError::Io {
-                    context: format!("opening the data socket on {bind}"),
+                    context: format!("opening the data sockets on {binds:?}"),
                     source: e,
                 }
             }
@@ -87,8 +113,8 @@ impl Device {
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 engine,
-                name: name_or_ip.to_string(),
-                ip,
+                name: names.join("+"),
+                ips,
             }),
         })
     }
@@ -100,7 +126,17 @@ impl Device {
 
     /// The link's local address.
     pub fn ip(&self) -> IpAddr {
-        self.inner.ip
+        self.inner.ips[0]
+    }
+
+    /// The data sockets' addresses, one per rail.
+    pub fn data_addrs(&self) -> &[SocketAddr] {
+        self.inner.engine.local_addrs()
+    }
+
+    /// Number of rails.
+    pub fn rails(&self) -> usize {
+        self.inner.ips.len()
     }
 
     /// The data socket's address.

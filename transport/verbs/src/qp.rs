@@ -147,6 +147,15 @@ impl QueuePair {
             .unwrap_or_default()
     }
 
+    /// Datagrams sent on each rail, and how many times a rail was declared down.
+    pub fn rail_stats(&self) -> (Vec<u64>, u64) {
+        let state = self.device.inner.engine.lock();
+        state.conns.get(&self.qp_num).map_or((Vec::new(), 0), |s| {
+            let (sent, failovers) = s.conn.path_stats();
+            (sent.to_vec(), failovers)
+        })
+    }
+
     /// The device.
     pub fn device(&self) -> &Device {
         &self.device

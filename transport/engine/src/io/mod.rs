@@ -80,6 +80,19 @@ impl TxBatch {
         self.used += 1;
     }
 
+    /// Moves the datagram committed last into `other` (another rail's batch), swapping buffers
+    /// rather than copying bytes. `other` must have a free buffer.
+    pub fn move_last_to(&mut self, other: &mut TxBatch) {
+        assert!(
+            self.used > 0 && !other.is_full(),
+            "a datagram to move and room for it"
+        );
+        self.used -= 1;
+        let i = self.used;
+        std::mem::swap(&mut self.bufs[i], &mut other.bufs[other.used]);
+        other.commit(self.lens[i], self.dests[i]);
+    }
+
     /// Datagrams waiting.
     pub fn len(&self) -> usize {
         self.used

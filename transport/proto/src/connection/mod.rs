@@ -18,6 +18,7 @@
 //! Files: `tx.rs` owns the outgoing stream, `rx.rs` the incoming stream and the responder,
 //! `sq.rs` completion order, `timers.rs` deadlines.
 
+mod paths;
 mod rx;
 mod sq;
 mod tx;
@@ -34,6 +35,7 @@ use crate::time::Time;
 use crate::wire::{self, ErrorCode, Ext, Handshake, Header, Opcode};
 use crate::work::{PostError, Queue, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
+use paths::Paths;
 use rx::RxStream;
 use sq::{SendQueue, SqEntry};
 use tx::{TimeoutAction, TxStream};
@@ -127,6 +129,8 @@ pub struct Stats {
     pub out_of_order_dropped: u64,
     /// Packets placed ahead of a gap inside their message.
     pub out_of_order_placed: u64,
+    /// Packets of a later message held until the messages before them completed.
+    pub out_of_order_stashed: u64,
     /// Receiver-not-ready NAKs sent.
     pub rnr_naks_sent: u64,
     /// Sequence-error NAKs sent.
@@ -155,6 +159,8 @@ struct PendingControl {
     handshake: bool,
     close: bool,
     keepalive: bool,
+    /// A path that is down and due for a probe.
+    probe: Option<usize>,
 }
 
 /// One reliable connection. See the module documentation.
@@ -181,6 +187,9 @@ pub struct Connection {
     /// Why we refused a peer request, while draining.
     refused: Option<ErrorCode>,
     stats: Stats,
+    paths: Paths,
+    /// The path of the datagram the last `poll_transmit` produced.
+    last_path: usize,
 }
 
 impl Connection {
@@ -216,6 +225,8 @@ impl Connection {
             keepalive_sent: None,
             refused: None,
             stats: Stats::default(),
+            paths: Paths::new(),
+            last_path: 0,
             config,
             role,
             params,
@@ -246,6 +257,27 @@ impl Connection {
     /// Counters.
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Declares how many paths (rails: links to the same peer) the connection may use; path 0
+    /// is the one the handshake uses. Call before traffic flows.
+    pub fn set_paths(&mut self, count: usize) {
+        self.paths.set_count(count);
+    }
+
+    /// Number of paths.
+    pub fn path_count(&self) -> usize {
+        self.paths.count()
+    }
+
+    /// Whether `path` is currently used.
+    pub fn path_is_up(&self, path: usize) -> bool {
+        self.paths.is_up(path)
+    }
+
+    /// Datagrams sent on each path, and how many times a path was declared down.
+    pub fn path_stats(&self) -> (&[u64], u64) {
+        (&self.paths.sent, self.paths.failovers)
     }
 
     /// Requests posted to the send queue and not yet completed.
@@ -371,6 +403,17 @@ impl Connection {
     /// the wrong token or queue pair, or makes no sense in the current state is dropped and
     /// counted; nothing a peer sends can make this panic.
     pub fn handle_datagram<M: Memory + ?Sized>(&mut self, now: Time, datagram: &[u8], mem: &mut M) {
+        self.handle_datagram_on(now, datagram, 0, mem);
+    }
+
+    /// As [`Self::handle_datagram`], for a datagram that arrived on `path`.
+    pub fn handle_datagram_on<M: Memory + ?Sized>(
+        &mut self,
+        now: Time,
+        datagram: &[u8],
+        path: usize,
+        mem: &mut M,
+    ) {
         let packet = match wire::decode(datagram) {
             Ok(packet) => packet,
             Err(wire::DecodeError::BadCrc) => {
@@ -388,6 +431,7 @@ impl Connection {
             return;
         }
         self.stats.packets_received += 1;
+        self.paths.mark_up(path);
         match self.state {
             ConnectionState::Connecting => self.handle_handshake(now, &packet.ext),
             ConnectionState::Established | ConnectionState::Draining => {
@@ -407,7 +451,15 @@ impl Connection {
                 if header.ack_valid() {
                     self.on_ack_psn(now, header.ack_psn);
                 }
-                self.handle_established(now, &header, &packet.ext, packet.payload, mem);
+                self.handle_established(
+                    now,
+                    &header,
+                    &packet.ext,
+                    packet.payload,
+                    datagram,
+                    path,
+                    mem,
+                );
                 self.after_progress(now);
             }
             ConnectionState::Error | ConnectionState::Closed => {
@@ -475,6 +527,11 @@ impl Connection {
                     return;
                 }
                 self.on_tx_timeout(now);
+                if self.state == ConnectionState::Established {
+                    if let Some(path) = self.paths.probe_due(now) {
+                        self.control.probe = Some(path);
+                    }
+                }
                 if self.state == ConnectionState::Established
                     && self.tx.rto_deadline().is_none()
                     && now >= self.keepalive_due()
@@ -498,6 +555,9 @@ impl Connection {
             ConnectionState::Established | ConnectionState::Draining => {
                 let idle = self.last_heard + self.config.idle_timeout;
                 let mut deadline = idle;
+                if let Some(t) = self.paths.next_probe() {
+                    deadline = deadline.min(t);
+                }
                 if let Some(t) = self.tx.next_deadline() {
                     deadline = deadline.min(t);
                 } else if self.state == ConnectionState::Established {
@@ -528,9 +588,23 @@ impl Connection {
                     .min(wire::MAX_HEADER_LEN + self.max_payload as usize),
             "poll_transmit needs a buffer of at least config.max_datagram bytes"
         );
+        self.poll_transmit_path(now, buf, mem).map(|(len, _)| len)
+    }
+
+    /// As [`Self::poll_transmit`], also saying on which path (rail) the datagram must leave.
+    pub fn poll_transmit_path<M: Memory + ?Sized>(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+        mem: &M,
+    ) -> Option<(usize, usize)> {
+        self.last_path = self.paths.primary();
         let len = self.next_datagram(now, buf, mem)?;
         self.stats.packets_sent += 1;
-        Some(len)
+        if let Some(sent) = self.paths.sent.get_mut(self.last_path) {
+            *sent += 1;
+        }
+        Some((len, self.last_path))
     }
 
     fn next_datagram<M: Memory + ?Sized>(
@@ -572,8 +646,15 @@ impl Connection {
         }
         if self.rx.ack_needed() {
             self.stats.acks_sent += 1;
+            if let Some(path) = self.rx.reply_path.take() {
+                self.last_path = path;
+            }
             let ext = self.rx.take_ack(self.config.window);
             return Some(self.control_packet(buf, ext));
+        }
+        if let Some(path) = self.control.probe.take() {
+            self.last_path = path;
+            return Some(self.control_packet(buf, Ext::KeepAlive));
         }
         if self.control.keepalive {
             self.control.keepalive = false;
@@ -677,6 +758,7 @@ impl Connection {
         mem: &M,
     ) -> Option<usize> {
         let psn = self.tx.next_to_send(now)?;
+        self.last_path = self.paths.for_packet(psn, self.tx.is_striped(psn));
         let header = self.header(Opcode::Send, psn, 0);
         let len = self.tx.build(psn, header, self.max_payload, buf, mem);
         if self.tx.on_sent(psn, now) {
@@ -689,7 +771,13 @@ impl Connection {
     fn on_tx_timeout(&mut self, now: Time) {
         match self.tx.on_timeout(now) {
             TimeoutAction::Nothing => {}
-            TimeoutAction::Retransmit => self.stats.timeouts += 1,
+            TimeoutAction::Retransmit => {
+                self.stats.timeouts += 1;
+                // Blame the path that carried the oldest lost packet; the others carry on.
+                let oldest = self.tx.snd_una();
+                let path = self.paths.for_packet(oldest, self.tx.is_striped(oldest));
+                self.paths.mark_down(path, now);
+            }
             TimeoutAction::Probe => {
                 self.stats.timeouts += 1;
                 self.control.keepalive = true;

@@ -10,7 +10,8 @@ use crate::memory::{Access, Memory, Placement};
 use crate::seq::Psn;
 use crate::time::Time;
 use crate::wire::{
-    ErrorCode, Ext, FLAG_ACK_REQUEST, FLAG_HAS_IMM, Header, NakCode, SackBlock, SackList, Segment,
+    self, ErrorCode, Ext, FLAG_ACK_REQUEST, FLAG_HAS_IMM, Header, NakCode, SackBlock, SackList,
+    Segment,
 };
 use crate::work::{Queue, SendOp, WcOpcode, WcStatus, WorkCompletion};
 
@@ -73,7 +74,20 @@ pub(super) struct RxStream {
     since_ack: u32,
     pending_nak: Option<Ext>,
     nak_sent_for: Option<Psn>,
+    /// Packets of later messages that arrived early (another rail, jitter), kept until the
+    /// messages before them are complete, sorted by PSN. Copies are made only then.
+    stash: Vec<(Psn, Option<Segment>, Vec<u8>)>,
+    /// Buffers for the stash, reused.
+    spare: Vec<Vec<u8>>,
+    /// The path on which a keep-alive probe arrived: the ACK answering it goes back there.
+    pub(super) reply_path: Option<usize>,
 }
+
+/// Early packets kept per connection before further ones are dropped.
+const STASH_LIMIT: usize = 32;
+/// Early packets held before the gap is reported with a NAK (below it, reordering by a rail or
+/// jitter usually fills the gap by itself).
+const REORDER_THRESHOLD: usize = 3;
 
 impl RxStream {
     pub fn new() -> RxStream {
@@ -86,7 +100,26 @@ impl RxStream {
             since_ack: 0,
             pending_nak: None,
             nak_sent_for: None,
+            stash: Vec::new(),
+            spare: Vec::new(),
+            reply_path: None,
         }
+    }
+
+    /// Keeps an early packet; false when the stash is full or already holds it.
+    fn stash(&mut self, psn: Psn, segment: Option<Segment>, datagram: &[u8]) -> bool {
+        if self.stash.len() >= STASH_LIMIT {
+            return false;
+        }
+        let at = self.stash.partition_point(|(p, _, _)| p.before(psn));
+        if self.stash.get(at).is_some_and(|(p, _, _)| *p == psn) {
+            return true;
+        }
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(datagram);
+        self.stash.insert(at, (psn, segment, buf));
+        true
     }
 
     pub fn start(&mut self, initial_psn: Psn) {
@@ -110,6 +143,7 @@ impl RxStream {
         self.current = None;
         self.ack_needed = false;
         self.pending_nak = None;
+        self.stash.clear();
     }
 
     fn request_ack(&mut self) {
@@ -119,9 +153,13 @@ impl RxStream {
     /// Selective blocks: runs of packets of the current message received beyond the gap.
     fn sacks(&self) -> SackList {
         let mut list = SackList::default();
-        let Some(current) = &self.current else {
-            return list;
-        };
+        if let Some(current) = &self.current {
+            self.current_sacks(current, &mut list);
+        }
+        self.stash_sacks(list)
+    }
+
+    fn current_sacks(&self, current: &InMessage, list: &mut SackList) {
         let from = self.expected.distance_from(current.first_psn) as usize;
         let mut run: Option<usize> = None;
         for i in from..=current.npackets as usize {
@@ -141,14 +179,35 @@ impl RxStream {
                 _ => {}
             }
         }
+    }
+
+    fn stash_sacks(&self, mut list: SackList) -> SackList {
+        // Stashed packets arrived too: runs of consecutive PSNs.
+        let mut run: Option<(Psn, Psn)> = None;
+        for &(psn, _, _) in &self.stash {
+            match run {
+                Some((start, end)) if end == psn => run = Some((start, psn.plus(1))),
+                Some((start, end)) => {
+                    if !list.push(SackBlock { start, end }) {
+                        return list;
+                    }
+                    run = Some((psn, psn.plus(1)));
+                }
+                None => run = Some((psn, psn.plus(1))),
+            }
+        }
+        if let Some((start, end)) = run {
+            list.push(SackBlock { start, end });
+        }
         list
     }
 
     fn has_sacks(&self) -> bool {
-        self.current.as_ref().is_some_and(|c| {
-            let from = self.expected.distance_from(c.first_psn) as usize;
-            self.received[from..c.npackets as usize].iter().any(|&r| r)
-        })
+        !self.stash.is_empty()
+            || self.current.as_ref().is_some_and(|c| {
+                let from = self.expected.distance_from(c.first_psn) as usize;
+                self.received[from..c.npackets as usize].iter().any(|&r| r)
+            })
     }
 
     pub fn take_ack(&mut self, window: u32) -> Ext {
@@ -196,12 +255,15 @@ impl RxStream {
 impl Connection {
     /// Handles everything but the handshake once established; the header's cumulative
     /// acknowledgement has already been applied.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn handle_established<M: Memory + ?Sized>(
         &mut self,
         now: Time,
         header: &Header,
         ext: &Ext,
         payload: &[u8],
+        datagram: &[u8],
+        path: usize,
         mem: &mut M,
     ) {
         match *ext {
@@ -227,9 +289,12 @@ impl Connection {
                     );
                 }
             }
-            Ext::KeepAlive => self.rx.request_ack(),
+            Ext::KeepAlive => {
+                self.rx.request_ack();
+                self.rx.reply_path = Some(path);
+            }
             Ext::Connect(_) | Ext::Accept(_) | Ext::Close { .. } => {}
-            _ => self.on_sequenced(now, header, ext, payload, mem),
+            _ => self.on_sequenced(now, header, ext, payload, datagram, mem),
         }
     }
 
@@ -251,6 +316,7 @@ impl Connection {
         header: &Header,
         ext: &Ext,
         payload: &[u8],
+        datagram: &[u8],
         mem: &mut M,
     ) {
         if self.state != ConnectionState::Established {
@@ -269,7 +335,30 @@ impl Connection {
             return;
         }
         let segment = ext.segment().copied();
-        let belongs = match (&self.rx.current, &segment) {
+        if !self.belongs(psn, segment.as_ref()) {
+            if self.rx.stash(psn, segment, datagram) {
+                self.stats.out_of_order_stashed += 1;
+                // SACK what is held, so the sender resends only the gap.
+                self.rx.request_ack();
+                if self.rx.stash.len() >= REORDER_THRESHOLD && self.rx.nak_sequence() {
+                    self.stats.seq_naks_sent += 1;
+                }
+            } else {
+                self.stats.out_of_order_dropped += 1;
+                if self.rx.nak_sequence() {
+                    self.stats.seq_naks_sent += 1;
+                }
+            }
+            return;
+        }
+        self.accept_sequenced(now, header, ext, payload, mem);
+        self.drain_stash(now, mem);
+    }
+
+    /// Whether a packet at `psn` belongs to the message that holds the next expected PSN.
+    fn belongs(&self, psn: Psn, segment: Option<&Segment>) -> bool {
+        let expected = self.rx.expected;
+        match (&self.rx.current, segment) {
             (Some(current), Some(seg)) => {
                 seg.msg_first_psn == current.first_psn
                     && psn.distance_from(current.first_psn) < current.npackets
@@ -277,14 +366,44 @@ impl Connection {
             (Some(_), None) => false,
             (None, Some(seg)) => seg.msg_first_psn == expected,
             (None, None) => psn == expected,
-        };
-        if !belongs {
-            self.stats.out_of_order_dropped += 1;
-            if self.rx.nak_sequence() {
-                self.stats.seq_naks_sent += 1;
-            }
-            return;
         }
+    }
+
+    /// Processes stashed packets whose turn has come.
+    fn drain_stash<M: Memory + ?Sized>(&mut self, now: Time, mem: &mut M) {
+        while self.state == ConnectionState::Established && !self.rx.stash.is_empty() {
+            let (psn, _, _) = self.rx.stash[0];
+            if psn.before(self.rx.expected) {
+                let (_, _, buf) = self.rx.stash.remove(0);
+                self.rx.spare.push(buf);
+                continue;
+            }
+            let Some(index) = self
+                .rx
+                .stash
+                .iter()
+                .position(|(p, seg, _)| self.belongs(*p, seg.as_ref()))
+            else {
+                return;
+            };
+            let (_, _, bytes) = self.rx.stash.remove(index);
+            if let Ok(packet) = wire::decode(&bytes) {
+                self.accept_sequenced(now, &packet.header, &packet.ext, packet.payload, mem);
+            }
+            self.rx.spare.push(bytes);
+        }
+    }
+
+    fn accept_sequenced<M: Memory + ?Sized>(
+        &mut self,
+        now: Time,
+        header: &Header,
+        ext: &Ext,
+        payload: &[u8],
+        mem: &mut M,
+    ) {
+        let psn = header.psn;
+        let segment = ext.segment().copied();
         let is_response = matches!(ext, Ext::ReadResponse(_) | Ext::AtomicResponse { .. });
         let accepted = match segment {
             Some(seg) => self.on_segment(psn, header.flags, ext, &seg, payload, mem),

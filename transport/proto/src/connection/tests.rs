@@ -818,3 +818,54 @@ fn write_after_read_does_not_overtake_it() {
     let diff = got.iter().zip(want).position(|(a, b)| a != b);
     assert_eq!(diff, None, "{:?}", p.a.take_completions());
 }
+
+#[test]
+fn two_rails_stripe_and_survive_one_going_down() {
+    let mut p = Pair::with_rails(
+        PairConfig {
+            seed: 9,
+            ..PairConfig::default()
+        },
+        2,
+    );
+    assert_eq!(p.a.conn.state(), ConnectionState::Established);
+    let src = p.a.mem.alloc(8 << 20, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(8 << 20, RW);
+    let data = pattern(8 << 20, 6);
+    p.a.mem.fill(&src, 0, &data);
+    for i in 0..8u64 {
+        let wr = SendWr {
+            wr_id: i,
+            local: sge(&src, i << 20, 1 << 20),
+            op: SendOp::Write {
+                remote: remote(&dst, i << 20),
+            },
+        };
+        p.a.post_send(wr).unwrap();
+    }
+    // Let a few megabytes flow over both rails, then cut rail 1 for good.
+    p.drive_until(STEPS, |p| p.rail_stats(1).sent > 20);
+    let now = p.now;
+    p.rail_config_mut(1).outages.push((now, None));
+    assert!(p.drive(STEPS));
+    let wcs = p.a.take_completions();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    assert_eq!(wcs.len(), 8);
+    assert!(
+        p.b.mem.bytes(&dst, 0, 8 << 20) == &data[..],
+        "memory differs"
+    );
+    let (sent, failovers) = p.a.conn.path_stats();
+    assert!(
+        sent[0] > 0 && sent[1] > 0,
+        "both rails carried traffic: {sent:?}"
+    );
+    assert!(
+        failovers >= 1 && !p.a.conn.path_is_up(1),
+        "rail 1 declared down"
+    );
+    // Restore the rail: probes find it and striping resumes.
+    p.rail_config_mut(1).outages.clear();
+    p.advance(Duration::from_millis(300), STEPS);
+    assert!(p.a.conn.path_is_up(1), "rail 1 back up after probing");
+}

@@ -161,6 +161,17 @@ impl TxStream {
         self.snd_una != self.next_psn
     }
 
+    /// Oldest unacknowledged PSN.
+    pub fn snd_una(&self) -> Psn {
+        self.snd_una
+    }
+
+    /// Whether the packet at `psn` belongs to a multi-packet message (and may be striped).
+    pub fn is_striped(&self, psn: Psn) -> bool {
+        let index = self.messages.partition_point(|m| m.last_psn().before(psn));
+        self.messages.get(index).is_some_and(|m| m.npackets > 1)
+    }
+
     pub fn rto_deadline(&self) -> Option<Time> {
         self.rto_deadline
     }

@@ -100,7 +100,8 @@ pub struct Pair {
     pub b: Endpoint,
     /// Simulated time.
     pub now: Time,
-    link: link::Link,
+    /// One simulated cable per rail; rail 0 carries the handshake.
+    links: Vec<link::Link>,
     steps: u64,
     /// Whether the last step put anything on the link.
     sent_last_step: bool,
@@ -110,6 +111,13 @@ impl Pair {
     /// Builds the pair and runs the handshake (bounded; on a hopeless link the connections end
     /// up failed, which the caller sees in their state).
     pub fn new(config: PairConfig) -> Pair {
+        Pair::with_rails(config, 1)
+    }
+
+    /// As [`Pair::new`], joined by `rails` independent cables with the same fault model, each
+    /// a path of the connections (striping and failover, see `connection/paths.rs`).
+    pub fn with_rails(config: PairConfig, rails: usize) -> Pair {
+        let rails = rails.max(1);
         let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
         let token = rng.next_u64();
         // Initial PSNs near the wrap-around point half of the time, so wrapping is exercised.
@@ -156,13 +164,17 @@ impl Pair {
                 buf_b,
             ),
             now,
-            link: link::Link::new(
-                config.link,
-                ChaCha8Rng::seed_from_u64(config.seed.wrapping_mul(31)),
-            ),
+            links: (0..rails as u64)
+                .map(|r| {
+                    let seed = config.seed.wrapping_mul(31).wrapping_add(r);
+                    link::Link::new(config.link.clone(), ChaCha8Rng::seed_from_u64(seed))
+                })
+                .collect(),
             steps: 0,
             sent_last_step: true,
         };
+        pair.a.conn.set_paths(rails);
+        pair.b.conn.set_paths(rails);
         pair.drive_until(100_000, |p| {
             p.a.conn.state() != ConnectionState::Connecting
                 && p.b.conn.state() != ConnectionState::Connecting
@@ -170,19 +182,48 @@ impl Pair {
         pair
     }
 
-    /// The link's counters.
+    /// The links' counters, added up over the rails.
     pub fn link_stats(&self) -> LinkStats {
-        self.link.stats
+        let mut total = LinkStats::default();
+        for l in &self.links {
+            let s = l.stats;
+            total.sent += s.sent;
+            total.delivered += s.delivered;
+            total.lost += s.lost;
+            total.lost_in_outage += s.lost_in_outage;
+            total.oversized += s.oversized;
+            total.duplicated += s.duplicated;
+            total.corrupted += s.corrupted;
+        }
+        total
+    }
+
+    /// One rail's counters.
+    pub fn rail_stats(&self, rail: usize) -> LinkStats {
+        self.links[rail].stats
+    }
+
+    /// Changes one rail's fault model from now on.
+    pub fn rail_config_mut(&mut self, rail: usize) -> &mut LinkConfig {
+        &mut self.links[rail].config
+    }
+
+    fn in_flight(&self) -> usize {
+        self.links.iter().map(|l| l.in_flight()).sum()
+    }
+
+    fn next_arrival(&self) -> Option<Time> {
+        self.links.iter().filter_map(|l| l.next_arrival()).min()
     }
 
     /// Changes the link's fault model from now on.
     pub fn link_config_mut(&mut self) -> &mut LinkConfig {
-        &mut self.link.config
+        &mut self.links[0].config
     }
 
     /// Datagrams in flight from `a` to `b`.
     pub fn in_flight_towards_b(&self) -> usize {
-        self.link.in_flight_towards(true)
+        self.links.iter().map(|l| l.in_flight_towards(true)).sum()
     }
 
     /// Steps taken so far.
@@ -199,25 +240,39 @@ impl Pair {
         self.sent_last_step = false;
         for to_b in [true, false] {
             let now = self.now;
-            let (from, link) = if to_b {
-                (&mut self.a, &mut self.link)
+            let (from, links) = if to_b {
+                (&mut self.a, &mut self.links)
             } else {
-                (&mut self.b, &mut self.link)
+                (&mut self.b, &mut self.links)
             };
-            while let Some(len) = from.conn.poll_transmit(now, &mut from.buf, &from.mem) {
-                link.send(now, to_b, &from.buf[..len]);
+            while let Some((len, path)) =
+                from.conn.poll_transmit_path(now, &mut from.buf, &from.mem)
+            {
+                links[path].send(now, to_b, &from.buf[..len]);
                 progressed = true;
                 self.sent_last_step = true;
             }
         }
-        if let Some((to_b, bytes)) = self.link.pop_due(self.now) {
-            let to = if to_b { &mut self.b } else { &mut self.a };
-            to.conn.handle_datagram(self.now, &bytes, &mut to.mem);
-            progressed = true;
+        // Deliver the earliest datagram due on any rail.
+        let due = (0..self.links.len())
+            .filter_map(|r| {
+                self.links[r]
+                    .next_arrival()
+                    .filter(|t| *t <= self.now)
+                    .map(|t| (t, r))
+            })
+            .min();
+        if let Some((_, rail)) = due {
+            if let Some((to_b, bytes)) = self.links[rail].pop_due(self.now) {
+                let to = if to_b { &mut self.b } else { &mut self.a };
+                to.conn
+                    .handle_datagram_on(self.now, &bytes, rail, &mut to.mem);
+                progressed = true;
+            }
         }
         if !progressed {
             let next = [
-                self.link.next_arrival(),
+                self.next_arrival(),
                 self.a.conn.poll_timeout(),
                 self.b.conn.poll_timeout(),
             ]
@@ -253,7 +308,7 @@ impl Pair {
     pub fn drive(&mut self, max_steps: u64) -> bool {
         self.sent_last_step = true;
         self.drive_until(max_steps, |p| {
-            !p.sent_last_step && p.link.in_flight() == 0 && p.a.is_settled() && p.b.is_settled()
+            !p.sent_last_step && p.in_flight() == 0 && p.a.is_settled() && p.b.is_settled()
         })
     }
 
@@ -262,14 +317,14 @@ impl Pair {
         let until = self.now + duration;
         for _ in 0..max_steps {
             let next = [
-                self.link.next_arrival(),
+                self.next_arrival(),
                 self.a.conn.poll_timeout(),
                 self.b.conn.poll_timeout(),
             ]
             .into_iter()
             .flatten()
             .min();
-            if next.is_none_or(|n| n > until) && self.link.in_flight() == 0 {
+            if next.is_none_or(|n| n > until) && self.in_flight() == 0 {
                 // Nothing due before `until` except transmissions, which `step` does first.
                 self.step_transmit_only();
                 self.now = until;
@@ -285,8 +340,10 @@ impl Pair {
         for to_b in [true, false] {
             let now = self.now;
             let from = if to_b { &mut self.a } else { &mut self.b };
-            while let Some(len) = from.conn.poll_transmit(now, &mut from.buf, &from.mem) {
-                self.link.send(now, to_b, &from.buf[..len]);
+            while let Some((len, path)) =
+                from.conn.poll_transmit_path(now, &mut from.buf, &from.mem)
+            {
+                self.links[path].send(now, to_b, &from.buf[..len]);
             }
         }
     }

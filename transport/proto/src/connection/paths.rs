@@ -1,0 +1,110 @@
+//! Rails: the links (paths) one connection may use when two hosts are joined by several
+//! cables. The engine tells the core how many there are and on which one each datagram
+//! arrived; the core says on which one each datagram leaves.
+//!
+//! Policy: the packets of a multi-packet message are striped round-robin (by PSN) over the
+//! paths that are up; everything else takes the first path that is up. A retransmission
+//! timeout marks the path of the oldest unacknowledged packet down (never the last one), so the
+//! retransmission and what follows go over the others. A path that is down is probed with a
+//! keep-alive every probe interval; the peer answers on the path the probe came in on, and any
+//! datagram that arrives on a path marks it up again.
+
+use std::time::Duration;
+
+use crate::seq::Psn;
+use crate::time::Time;
+
+#[derive(Debug)]
+pub(super) struct Paths {
+    up: Vec<bool>,
+    next_probe: Vec<Time>,
+    /// Datagrams sent per path.
+    pub sent: Vec<u64>,
+    /// Times a path was declared down.
+    pub failovers: u64,
+}
+
+/// How often a path that is down is probed.
+pub(super) const PROBE_INTERVAL: Duration = Duration::from_millis(100);
+
+impl Paths {
+    pub fn new() -> Paths {
+        Paths {
+            up: vec![true],
+            next_probe: vec![Time::ZERO],
+            sent: vec![0],
+            failovers: 0,
+        }
+    }
+
+    pub fn set_count(&mut self, n: usize) {
+        let n = n.max(1);
+        self.up = vec![true; n];
+        self.next_probe = vec![Time::ZERO; n];
+        self.sent = vec![0; n];
+    }
+
+    pub fn count(&self) -> usize {
+        self.up.len()
+    }
+
+    pub fn is_up(&self, path: usize) -> bool {
+        self.up.get(path).copied().unwrap_or(false)
+    }
+
+    fn up_count(&self) -> usize {
+        self.up.iter().filter(|&&u| u).count()
+    }
+
+    /// The path for control packets and single-packet messages.
+    pub fn primary(&self) -> usize {
+        self.up.iter().position(|&u| u).unwrap_or(0)
+    }
+
+    /// The path for the packet at `psn` (`striped`: it belongs to a multi-packet message).
+    pub fn for_packet(&self, psn: Psn, striped: bool) -> usize {
+        let ups = self.up_count();
+        if !striped || ups <= 1 {
+            return self.primary();
+        }
+        let nth = psn.0 as usize % ups;
+        self.up
+            .iter()
+            .enumerate()
+            .filter(|(_, u)| **u)
+            .nth(nth)
+            .map_or(0, |(i, _)| i)
+    }
+
+    /// Declares `path` down unless it is the last one up; returns whether it did.
+    pub fn mark_down(&mut self, path: usize, now: Time) -> bool {
+        if self.up_count() <= 1 || !self.is_up(path) {
+            return false;
+        }
+        self.up[path] = false;
+        self.next_probe[path] = now + PROBE_INTERVAL;
+        self.failovers += 1;
+        true
+    }
+
+    pub fn mark_up(&mut self, path: usize) {
+        if let Some(u) = self.up.get_mut(path) {
+            *u = true;
+        }
+    }
+
+    /// A path due for a probe at `now`, if any (its next probe is then scheduled).
+    pub fn probe_due(&mut self, now: Time) -> Option<usize> {
+        let path = (0..self.up.len()).find(|&p| !self.up[p] && self.next_probe[p] <= now)?;
+        self.next_probe[path] = now + PROBE_INTERVAL;
+        Some(path)
+    }
+
+    /// When the next probe is due.
+    pub fn next_probe(&self) -> Option<Time> {
+        (0..self.up.len())
+            .filter(|&p| !self.up[p])
+            .map(|p| self.next_probe[p])
+            .min()
+    }
+}
