@@ -313,3 +313,25 @@ fn two_rails_stripe_and_survive_one_going_down() {
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
 }
+
+#[test]
+fn a_peer_without_a_route_is_reported_unreachable() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("vn", 2, LabTopology::Pair, 1) else {
+        return;
+    };
+    // TEST-NET-3: the namespace has no route to it, so nothing leaves the host.
+    let child = lab.spawn_peer(
+        PEER,
+        1,
+        &args(&[
+            ("scenario", "unreachable".to_string()),
+            ("ip", lab.address(1, 0, 0).to_string()),
+            ("server", "203.0.113.1:18700".to_string()),
+            ("engine", "sockets".to_string()),
+        ]),
+    );
+    let (ok, out, err) = finish(child);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("cannot reach 203.0.113.1:18700"), "{out}");
+}

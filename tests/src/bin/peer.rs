@@ -592,6 +592,30 @@ fn client_rails(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn unreachable(args: &Args) -> anyhow::Result<()> {
+    let dev = device(args)?;
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(16);
+    let server: SocketAddr = args.get("server")?.parse()?;
+    match connect(
+        &pd,
+        server,
+        &cq,
+        &cq,
+        &QpOptions {
+            timeout: Duration::from_secs(2),
+            ..QpOptions::default()
+        },
+    ) {
+        Ok(_) => bail!("connected to {server}, which has no route"),
+        Err(e @ VerbsError::Unreachable { .. }) => {
+            println!("unreachable: {e}");
+            Ok(())
+        }
+        Err(e) => bail!("wrong error for an unroutable peer: {e}"),
+    }
+}
+
 fn memlock(args: &Args) -> anyhow::Result<()> {
     // Drop root (and its CAP_IPC_LOCK) so the memlock limit applies, then ask for more.
     nix::unistd::setgid(nix::unistd::Gid::from_raw(65534))?;
@@ -636,6 +660,7 @@ fn main() -> ExitCode {
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK, inf, inf);
     let result = match (args.or("role", ""), args.or("scenario", "").as_str()) {
         (_, "memlock") => memlock(&args),
+        (_, "unreachable") => unreachable(&args),
         (r, _) if r == "server" => server(&args),
         (_, "ops") => client_ops(&args),
         (_, "access") => client_access(&args),

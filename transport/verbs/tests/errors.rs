@@ -1,0 +1,176 @@
+//! Bad input through the public API, on this host's loopback address: each gives a clear
+//! error that names the problem, never a panic or a hang.
+
+use std::net::{SocketAddr, TcpListener};
+use std::time::{Duration, Instant};
+
+use tbrdma_verbs::*;
+
+fn caller() -> DeviceConfig {
+    DeviceConfig {
+        engine: EngineConfig {
+            progress: Progress::Caller,
+            engine: EngineKind::Sockets,
+            ..Default::default()
+        },
+        port: 0,
+    }
+}
+
+#[test]
+fn an_unknown_interface_is_named_with_the_ones_that_exist() {
+    let err = Device::open("no-such-if0", caller()).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, VerbsError::NoSuchInterface { .. }), "{err:?}");
+    assert!(msg.contains("no-such-if0") && msg.contains("lo"), "{msg}");
+}
+
+#[test]
+fn an_address_of_another_host_is_refused() {
+    // TEST-NET-1: never local. Binding fails before any packet could leave.
+    let err = Device::open("192.0.2.1", caller()).unwrap_err();
+    assert!(matches!(err, VerbsError::AddressNotLocal { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("192.0.2.1 is not an address of this host"),
+        "{err}"
+    );
+}
+
+#[test]
+fn connecting_where_nobody_listens_says_so() {
+    let dev = Device::open("127.0.0.1", caller()).unwrap();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(16);
+    // A port that was free a moment ago.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let server: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let err = connect(&pd, server, &cq, &cq, &QpOptions::default()).unwrap_err();
+    assert!(
+        matches!(err, VerbsError::PeerNotListening { .. }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("start the server side first"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_peer_that_is_not_tbrdma_is_refused_in_time() {
+    let dev = Device::open("127.0.0.1", caller()).unwrap();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(16);
+    // Something listens but never answers the setup message.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = silent.local_addr().unwrap();
+    let opts = QpOptions {
+        timeout: Duration::from_millis(300),
+        ..QpOptions::default()
+    };
+    let err = connect(&pd, server, &cq, &cq, &opts).unwrap_err();
+    assert!(matches!(err, VerbsError::Handshake { .. }), "{err:?}");
+    drop(silent);
+}
+
+/// A connected pair on loopback, caller progress.
+fn pair(
+    cq_capacity: usize,
+) -> (
+    Device,
+    Device,
+    Connected,
+    Connected,
+    CompletionQueue,
+    MemoryRegion,
+    MemoryRegion,
+) {
+    let server_dev = Device::open("127.0.0.1", caller()).unwrap();
+    let client_dev = Device::open("127.0.0.1", caller()).unwrap();
+    let server_pd = server_dev.alloc_pd();
+    let target = server_pd
+        .alloc_mr(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let server_cq = server_dev.create_cq(64);
+    let listener = Listener::bind(&server_dev, 0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accept = std::thread::spawn(move || {
+        let c = listener
+            .accept(
+                &server_pd,
+                &server_cq,
+                &server_cq,
+                &QpOptions::default(),
+                Some(Duration::from_secs(10)),
+            )
+            .unwrap();
+        (c, server_cq)
+    });
+    let pd = client_dev.alloc_pd();
+    let cq = client_dev.create_cq(cq_capacity);
+    let client = connect(&pd, addr, &cq, &cq, &QpOptions::default()).unwrap();
+    let (server, _server_cq) = accept.join().unwrap();
+    let src = pd.alloc_mr(1 << 16, Access::LOCAL_WRITE).unwrap();
+    (server_dev, client_dev, server, client, cq, src, target)
+}
+
+#[test]
+fn an_overflowing_completion_queue_is_reported() {
+    let (server_dev, _client_dev, _server, client, cq, src, target) = pair(2);
+    let wrs: Vec<SendWr> = (0..5)
+        .map(|i| SendWr {
+            wr_id: i,
+            local: src.sge(0, 64),
+            op: SendOp::Write {
+                remote: target.remote(0),
+            },
+        })
+        .collect();
+    client.qp.post_send(&wrs).unwrap();
+    let mut buf = [Completion::default(); 8];
+    let start = Instant::now();
+    let err = loop {
+        server_dev.progress().unwrap();
+        match cq.poll(&mut buf) {
+            Err(e) => break e,
+            Ok(_) => assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no overflow reported"
+            ),
+        }
+    };
+    assert!(matches!(err, VerbsError::CqOverflow { lost: 3 }), "{err:?}");
+    assert!(err.to_string().contains("create it with room"), "{err}");
+}
+
+#[test]
+fn deregistration_waits_for_requests_that_use_the_region() {
+    let (server_dev, _client_dev, _server, client, cq, src, target) = pair(64);
+    client
+        .qp
+        .post_send(&[SendWr {
+            wr_id: 1,
+            local: src.sge(0, 4096),
+            op: SendOp::Write {
+                remote: target.remote(0),
+            },
+        }])
+        .unwrap();
+    // The write completes while deregistration waits (driving progress on both sides).
+    let server = std::thread::spawn(move || {
+        for _ in 0..2000 {
+            let _ = server_dev.progress();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    });
+    src.deregister(Duration::from_secs(5)).unwrap();
+    let mut buf = [Completion::default(); 4];
+    let n = cq.poll(&mut buf).unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(buf[0].wc.status, WcStatus::Success);
+    server.join().unwrap();
+}
