@@ -207,7 +207,9 @@ impl Connection {
         conn
     }
 
-    fn new(config: Config, role: Role, params: ConnectParams, now: Time) -> Connection {
+    fn new(mut config: Config, role: Role, params: ConnectParams, now: Time) -> Connection {
+        // The largest header plus a byte of payload must fit; anything smaller cannot work.
+        config.max_datagram = config.max_datagram.max(wire::MAX_HEADER_LEN + 8);
         let max_payload = config.max_payload();
         let tx = TxStream::new(params.initial_psn, &config);
         Connection {
@@ -649,7 +651,9 @@ impl Connection {
             if let Some(path) = self.rx.reply_path.take() {
                 self.last_path = path;
             }
-            let ext = self.rx.take_ack(self.config.window);
+            let ext = self
+                .rx
+                .take_ack(self.config.window, self.config.max_datagram);
             return Some(self.control_packet(buf, ext));
         }
         if let Some(path) = self.control.probe.take() {

@@ -210,13 +210,14 @@ impl RxStream {
             })
     }
 
-    pub fn take_ack(&mut self, window: u32) -> Ext {
+    /// The ACK to send now, with as many selective blocks as fit in `max_datagram`.
+    pub fn take_ack(&mut self, window: u32, max_datagram: usize) -> Ext {
         self.ack_needed = false;
         self.since_ack = 0;
-        Ext::Ack {
-            window,
-            sacks: self.sacks(),
-        }
+        let mut sacks = self.sacks();
+        let room = max_datagram.saturating_sub(wire::COMMON_HEADER_LEN + 8) / 8;
+        sacks.truncate(room);
+        Ext::Ack { window, sacks }
     }
 
     pub fn take_nak(&mut self) -> Option<Ext> {

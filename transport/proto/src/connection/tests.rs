@@ -869,3 +869,44 @@ fn two_rails_stripe_and_survive_one_going_down() {
     p.advance(Duration::from_millis(300), STEPS);
     assert!(p.a.conn.path_is_up(1), "rail 1 back up after probing");
 }
+
+#[test]
+fn tiny_datagrams_still_carry_acks() {
+    // A small datagram limit must shorten the ACK's selective blocks, never overflow it.
+    let config = Config {
+        max_datagram: 80,
+        window: 64,
+        ..Config::default()
+    };
+    let link = LinkConfig {
+        loss: 0.3,
+        jitter: Duration::from_micros(50),
+        mtu: 80,
+        ..LinkConfig::default()
+    };
+    let mut p = Pair::new(PairConfig {
+        seed: 0,
+        config_a: config.clone(),
+        config_b: Config {
+            max_retries: 30,
+            ..config
+        },
+        link,
+    });
+    if p.a.conn.state() != ConnectionState::Established {
+        panic!("the handshake failed: the test needs an established pair");
+    }
+    let src = p.a.mem.alloc(1600, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(1600, RW);
+    for i in 0..4 {
+        let wr = SendWr {
+            wr_id: i,
+            local: sge(&src, 400 * i, 400),
+            op: SendOp::Write {
+                remote: remote(&dst, 400 * i),
+            },
+        };
+        p.a.post_send(wr).unwrap();
+    }
+    p.drive(STEPS);
+}

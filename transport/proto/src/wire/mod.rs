@@ -115,6 +115,11 @@ impl SackList {
         true
     }
 
+    /// Keeps only the first `len` blocks.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
     /// The blocks.
     pub fn as_slice(&self) -> &[SackBlock] {
         &self.blocks[..self.len]

@@ -1,0 +1,178 @@
+//! The kernel baselines: what an application gets from plain sockets over the same veth pair.
+//!
+//! - UDP floor: nonblocking sockets, the client sends and spins on `recv` (no sleep, no poll),
+//!   the server spins on `recv_from` and echoes. Nothing can be cheaper through the kernel.
+//! - TCP ping-pong: blocking sockets with `TCP_NODELAY`, as most applications use TCP.
+//! - TCP stream: one connection, blocking writes of 1 MiB, the reader reading.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+
+use crate::child::{ChildArgs, Measured, RoundTrips, check_stall, ready};
+
+/// Spins between clock reads while waiting: reading the clock every spin would cost more than
+/// the wait it checks.
+const SPINS_PER_CHECK: u32 = 4096;
+
+fn would_block(e: &std::io::Error) -> bool {
+    e.kind() == ErrorKind::WouldBlock
+}
+
+fn udp_send(sock: &UdpSocket, data: &[u8], to: Option<SocketAddr>) -> anyhow::Result<()> {
+    loop {
+        let sent = match to {
+            Some(addr) => sock.send_to(data, addr),
+            None => sock.send(data),
+        };
+        match sent {
+            Ok(n) if n == data.len() => return Ok(()),
+            Ok(n) => bail!("sent {n} of {} bytes", data.len()),
+            Err(e) if would_block(&e) => std::hint::spin_loop(),
+            Err(e) => return Err(e).context("sending a UDP datagram"),
+        }
+    }
+}
+
+/// Echoes `total` datagrams, busy-polling.
+pub fn udp_server(args: &ChildArgs) -> anyhow::Result<()> {
+    let sock = UdpSocket::bind(args.server_addr).context("binding the UDP socket")?;
+    sock.set_nonblocking(true)?;
+    ready();
+    let mut buf = vec![0u8; 65_536];
+    for _ in 0..args.total() {
+        let since = Instant::now();
+        let mut spins = 0u32;
+        let (n, from) = loop {
+            match sock.recv_from(&mut buf) {
+                Ok(got) => break got,
+                Err(e) if would_block(&e) => {
+                    spins += 1;
+                    if spins % SPINS_PER_CHECK == 0 {
+                        check_stall(since, "waiting for a datagram")?;
+                    }
+                }
+                Err(e) => return Err(e).context("receiving a UDP datagram"),
+            }
+        };
+        udp_send(&sock, &buf[..n], Some(from))?;
+    }
+    Ok(())
+}
+
+/// Sends, spins on `recv` until the echo is back; one round trip per iteration.
+pub fn udp_client(args: &ChildArgs) -> anyhow::Result<Measured> {
+    let sock = UdpSocket::bind(SocketAddr::new(args.ip, 0)).context("binding the UDP socket")?;
+    sock.connect(args.server_addr)?;
+    sock.set_nonblocking(true)?;
+    let msg = vec![0xa5u8; args.case.size];
+    let mut buf = vec![0u8; 65_536];
+    let mut rtts = RoundTrips::new();
+    for i in 0..args.total() {
+        let start = Instant::now();
+        udp_send(&sock, &msg, None)?;
+        let mut spins = 0u32;
+        let n = loop {
+            match sock.recv(&mut buf) {
+                Ok(n) => break n,
+                Err(e) if would_block(&e) => {
+                    spins += 1;
+                    if spins % SPINS_PER_CHECK == 0 {
+                        check_stall(start, "waiting for the echo")?;
+                    }
+                }
+                Err(e) => return Err(e).context("receiving the echo"),
+            }
+        };
+        let rtt = start.elapsed();
+        ensure!(n == msg.len(), "echo of {n} bytes for {}", msg.len());
+        if i >= args.warmup {
+            rtts.record(rtt);
+        }
+    }
+    Ok(Measured::RoundTrips(rtts))
+}
+
+fn accept_one(args: &ChildArgs) -> anyhow::Result<TcpStream> {
+    let listener = TcpListener::bind(args.server_addr).context("binding the TCP listener")?;
+    ready();
+    let (stream, _) = listener.accept().context("accepting")?;
+    Ok(stream)
+}
+
+fn connect(args: &ChildArgs) -> anyhow::Result<TcpStream> {
+    // The parent starts the client only once the server listens.
+    TcpStream::connect_timeout(&args.server_addr, Duration::from_secs(5))
+        .with_context(|| format!("connecting to {}", args.server_addr))
+}
+
+/// Echoes fixed-size messages until the client closes.
+pub fn tcp_server(args: &ChildArgs) -> anyhow::Result<()> {
+    let mut stream = accept_one(args)?;
+    stream.set_nodelay(true)?;
+    let mut buf = vec![0u8; args.case.size];
+    loop {
+        match stream.read_exact(&mut buf) {
+            Ok(()) => stream.write_all(&buf)?,
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e).context("reading a message"),
+        }
+    }
+}
+
+/// Writes a message, reads the echo, blocking.
+pub fn tcp_client(args: &ChildArgs) -> anyhow::Result<Measured> {
+    let mut stream = connect(args)?;
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(crate::child::STALL))?;
+    let msg = vec![0xa5u8; args.case.size];
+    let mut buf = vec![0u8; args.case.size];
+    let mut rtts = RoundTrips::new();
+    for i in 0..args.total() {
+        let start = Instant::now();
+        stream.write_all(&msg)?;
+        stream.read_exact(&mut buf).context("reading the echo")?;
+        let rtt = start.elapsed();
+        if i >= args.warmup {
+            rtts.record(rtt);
+        }
+    }
+    Ok(Measured::RoundTrips(rtts))
+}
+
+/// Reads until the client closes, then answers with the byte count.
+pub fn stream_server(args: &ChildArgs) -> anyhow::Result<()> {
+    let mut stream = accept_one(args)?;
+    let mut buf = vec![0u8; args.case.size];
+    let mut total = 0u64;
+    loop {
+        match stream.read(&mut buf).context("reading the stream")? {
+            0 => break,
+            n => total += n as u64,
+        }
+    }
+    stream.write_all(&total.to_le_bytes())?;
+    Ok(())
+}
+
+/// Writes blocks for the case's duration; the time runs until the reader confirms the bytes.
+pub fn stream_client(args: &ChildArgs) -> anyhow::Result<Measured> {
+    let mut stream = connect(args)?;
+    stream.set_read_timeout(Some(crate::child::STALL))?;
+    let block = vec![0xa5u8; args.case.size];
+    let start = Instant::now();
+    while start.elapsed() < args.duration {
+        stream.write_all(&block)?;
+    }
+    stream.shutdown(Shutdown::Write)?;
+    let mut count = [0u8; 8];
+    stream
+        .read_exact(&mut count)
+        .context("reading the byte count")?;
+    Ok(Measured::Bandwidth {
+        bytes: u64::from_le_bytes(count),
+        elapsed: start.elapsed(),
+    })
+}

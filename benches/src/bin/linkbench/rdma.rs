@@ -1,0 +1,448 @@
+//! The tbrdma cases, in caller progress mode: no engine thread, the one thread of each process
+//! busy-polls its completion queue, which is also what runs the engine.
+//!
+//! - SEND ping-pong: receives are pre-posted on both sides; the client SENDs, spins until the
+//!   echo's receive completes and reposts that receive; the server does the same and echoes.
+//! - WRITE ping-pong (perftest `ib_write_lat`): each side WRITEs into the other's region and
+//!   spins on the last 8 bytes of its own region, which carry the iteration number.
+//! - WRITE bandwidth: 1 MiB WRITEs, 32 outstanding, one direction; a final SEND tells the
+//!   server to stop.
+//!
+//! Regions are announced as connection private data: address (u64) then rkey (u32).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use tbrdma_verbs::*;
+
+use crate::Bench;
+use crate::child::{ChildArgs, Measured, RoundTrips, check_stall, ready};
+
+/// Receives pre-posted on each side of the SEND ping-pong.
+const RECV_SLOTS: usize = 16;
+/// Message size of the bandwidth case.
+const BW_MESSAGE: usize = 1 << 20;
+/// WRITEs in flight in the bandwidth case.
+const BW_DEPTH: usize = 32;
+/// How long a server keeps polling after its last message, so that its acknowledgements and
+/// any retransmission still go out before it closes.
+const LINGER: Duration = Duration::from_millis(200);
+/// Longest a server waits for its client.
+const ACCEPT_WAIT: Duration = Duration::from_secs(30);
+
+fn engine_of(args: &ChildArgs) -> EngineKind {
+    match args.case.bench {
+        Bench::Send(e) | Bench::Write(e) | Bench::WriteBandwidth(e) => e,
+        _ => EngineKind::Uring,
+    }
+}
+
+fn open(args: &ChildArgs) -> anyhow::Result<Device> {
+    let config = DeviceConfig {
+        engine: EngineConfig {
+            engine: engine_of(args),
+            progress: Progress::Caller,
+            ..EngineConfig::default()
+        },
+        port: 0,
+    };
+    let dev = Device::open(&args.ip.to_string(), config).context("opening the device")?;
+    if let Some(why) = dev.engine_fallback() {
+        // Measuring one backend under the other's name would be a lie.
+        bail!("{why}");
+    }
+    Ok(dev)
+}
+
+fn announce(mr: &MemoryRegion) -> Vec<u8> {
+    let mut data = mr.addr().to_le_bytes().to_vec();
+    data.extend_from_slice(&mr.rkey().to_le_bytes());
+    data
+}
+
+fn announced(data: &[u8]) -> anyhow::Result<RemoteAddr> {
+    ensure!(
+        data.len() >= 12,
+        "peer sent {} bytes of private data",
+        data.len()
+    );
+    Ok(RemoteAddr {
+        addr: u64::from_le_bytes(data[..8].try_into()?),
+        rkey: u32::from_le_bytes(data[8..12].try_into()?),
+    })
+}
+
+/// Listens on the server address, says `ready`, accepts one connection.
+fn serve(
+    args: &ChildArgs,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+    private_data: Vec<u8>,
+) -> anyhow::Result<Connected> {
+    let listener = Listener::bind_addr(pd.device(), args.server_addr).context("listening")?;
+    ready();
+    let opts = QpOptions {
+        private_data,
+        ..QpOptions::default()
+    };
+    listener
+        .accept(pd, cq, cq, &opts, Some(ACCEPT_WAIT))
+        .context("accepting")
+}
+
+fn dial(
+    args: &ChildArgs,
+    pd: &ProtectionDomain,
+    cq: &CompletionQueue,
+    private_data: Vec<u8>,
+) -> anyhow::Result<Connected> {
+    let opts = QpOptions {
+        private_data,
+        ..QpOptions::default()
+    };
+    let server: SocketAddr = args.server_addr;
+    connect(pd, server, cq, cq, &opts).with_context(|| format!("connecting to {server}"))
+}
+
+/// Polls once; fails on any unsuccessful completion. Returns how many completions arrived.
+fn poll(cq: &CompletionQueue, buf: &mut [Completion]) -> anyhow::Result<usize> {
+    let n = cq.poll(buf).context("polling the completion queue")?;
+    for c in &buf[..n] {
+        ensure!(
+            c.wc.status == WcStatus::Success,
+            "{:?} request {} completed with {:?}",
+            c.wc.opcode,
+            c.wc.wr_id,
+            c.wc.status
+        );
+    }
+    Ok(n)
+}
+
+/// Polls until no send is outstanding.
+fn drain_sends(cq: &CompletionQueue, outstanding: &mut u64) -> anyhow::Result<()> {
+    let mut buf = [Completion::default(); 64];
+    let since = Instant::now();
+    while *outstanding > 0 {
+        let n = poll(cq, &mut buf)?;
+        *outstanding -= buf[..n].iter().filter(|c| !is_receive(c.wc.opcode)).count() as u64;
+        check_stall(since, "waiting for the last sends to complete")?;
+    }
+    Ok(())
+}
+
+/// Keeps the engine running for [`LINGER`].
+fn linger(cq: &CompletionQueue) {
+    let mut buf = [Completion::default(); 64];
+    let until = Instant::now() + LINGER;
+    while Instant::now() < until {
+        let _ = cq.poll(&mut buf);
+    }
+}
+
+fn is_receive(op: WcOpcode) -> bool {
+    matches!(op, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+}
+
+fn post_recv_slot(qp: &QueuePair, rx: &MemoryRegion, slot: u64, size: usize) -> anyhow::Result<()> {
+    qp.post_recv(&[RecvWr {
+        wr_id: slot,
+        local: rx.sge(slot as usize * size, size),
+    }])
+    .context("posting a receive")
+}
+
+/// Spins until one receive completes; reposts it. Returns its length.
+fn await_receive(
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    rx: &MemoryRegion,
+    size: usize,
+    sends_outstanding: &mut u64,
+) -> anyhow::Result<usize> {
+    let mut buf = [Completion::default(); 16];
+    let since = Instant::now();
+    let mut received = None;
+    let mut idle = 0u32;
+    while received.is_none() {
+        let n = poll(cq, &mut buf)?;
+        for c in &buf[..n] {
+            if is_receive(c.wc.opcode) {
+                post_recv_slot(qp, rx, c.wc.wr_id, size)?;
+                received = Some(c.wc.byte_len as usize);
+            } else {
+                *sends_outstanding -= 1;
+            }
+        }
+        if n == 0 {
+            idle += 1;
+            if idle % 4096 == 0 {
+                check_stall(since, "waiting for a message")?;
+            }
+        }
+    }
+    Ok(received.unwrap_or_default())
+}
+
+/// SEND ping-pong, server side: echoes every message.
+pub fn send_server(args: &ChildArgs) -> anyhow::Result<()> {
+    let dev = open(args)?;
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(4096);
+    let size = args.case.size;
+    let tx = pd.alloc_mr(size, Access::LOCAL_WRITE)?;
+    let rx = pd.alloc_mr(size * RECV_SLOTS, Access::LOCAL_WRITE)?;
+    let conn = serve(args, &pd, &cq, Vec::new())?;
+    let qp = conn.qp;
+    for slot in 0..RECV_SLOTS as u64 {
+        post_recv_slot(&qp, &rx, slot, size)?;
+    }
+    let mut sends = 0u64;
+    for i in 0..args.total() {
+        let len = await_receive(&qp, &cq, &rx, size, &mut sends)?;
+        qp.post_send(&[SendWr {
+            wr_id: i,
+            local: tx.sge(0, len),
+            op: SendOp::Send { imm: None },
+        }])?;
+        sends += 1;
+    }
+    drain_sends(&cq, &mut sends)?;
+    linger(&cq);
+    Ok(())
+}
+
+/// SEND ping-pong, client side: one round trip is SEND posted → echo received (and its
+/// receive reposted).
+pub fn send_client(args: &ChildArgs) -> anyhow::Result<Measured> {
+    let dev = open(args)?;
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(4096);
+    let size = args.case.size;
+    let tx = pd.alloc_mr(size, Access::LOCAL_WRITE)?;
+    let rx = pd.alloc_mr(size * RECV_SLOTS, Access::LOCAL_WRITE)?;
+    let conn = dial(args, &pd, &cq, Vec::new())?;
+    let qp = conn.qp;
+    for slot in 0..RECV_SLOTS as u64 {
+        post_recv_slot(&qp, &rx, slot, size)?;
+    }
+    let mut rtts = RoundTrips::new();
+    let mut sends = 0u64;
+    for i in 0..args.total() {
+        let start = Instant::now();
+        qp.post_send(&[SendWr {
+            wr_id: i,
+            local: tx.sge(0, size),
+            op: SendOp::Send { imm: None },
+        }])?;
+        sends += 1;
+        let len = await_receive(&qp, &cq, &rx, size, &mut sends)?;
+        let rtt = start.elapsed();
+        ensure!(len == size, "echo of {len} bytes for {size}");
+        if i >= args.warmup {
+            rtts.record(rtt);
+        }
+    }
+    drain_sends(&cq, &mut sends)?;
+    Ok(Measured::RoundTrips(rtts))
+}
+
+/// WRITE ping-pong state of one side: its own region (the peer writes it), its source buffer
+/// and the peer's region.
+struct WriteSide {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    inbox: MemoryRegion,
+    outbox: MemoryRegion,
+    peer: RemoteAddr,
+    size: usize,
+    sends: u64,
+    buf: [Completion; 16],
+}
+
+impl WriteSide {
+    fn seq_offset(&self) -> usize {
+        self.size - 8
+    }
+
+    /// WRITEs the message carrying `seq` in its last 8 bytes.
+    fn write(&mut self, seq: u64) -> anyhow::Result<()> {
+        self.outbox.write(self.seq_offset(), &seq.to_le_bytes());
+        self.qp.post_send(&[SendWr {
+            wr_id: seq,
+            local: self.outbox.sge(0, self.size),
+            op: SendOp::Write { remote: self.peer },
+        }])?;
+        self.sends += 1;
+        Ok(())
+    }
+
+    /// Spins until the peer's message `seq` has landed, polling the queue (which, in caller
+    /// mode, is what places it).
+    fn await_seq(&mut self, seq: u64) -> anyhow::Result<()> {
+        let since = Instant::now();
+        let mut spins = 0u32;
+        while self.inbox.load_u64(self.seq_offset()) != seq {
+            let n = poll(&self.cq, &mut self.buf)?;
+            self.sends -= n as u64;
+            spins += 1;
+            if spins % 4096 == 0 {
+                check_stall(since, "waiting for the peer's WRITE")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn write_side(
+    args: &ChildArgs,
+    pd: &ProtectionDomain,
+    cq: CompletionQueue,
+    inbox: MemoryRegion,
+    conn: Connected,
+) -> anyhow::Result<WriteSide> {
+    let size = args.case.size;
+    ensure!(
+        size >= 8 && size % 8 == 0,
+        "WRITE ping-pong needs a multiple of 8 bytes"
+    );
+    Ok(WriteSide {
+        peer: announced(&conn.peer_private_data)?,
+        qp: conn.qp,
+        cq,
+        inbox,
+        outbox: pd.alloc_mr(size, Access::LOCAL_WRITE)?,
+        size,
+        sends: 0,
+        buf: [Completion::default(); 16],
+    })
+}
+
+/// WRITE ping-pong, server side: answers WRITE `seq` with WRITE `seq`.
+pub fn write_server(args: &ChildArgs) -> anyhow::Result<()> {
+    let dev = open(args)?;
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(4096);
+    let inbox = pd.alloc_mr(args.case.size, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+    let conn = serve(args, &pd, &cq, announce(&inbox))?;
+    let mut side = write_side(args, &pd, cq, inbox, conn)?;
+    for seq in 1..=args.total() {
+        side.await_seq(seq)?;
+        side.write(seq)?;
+    }
+    drain_sends(&side.cq, &mut side.sends)?;
+    linger(&side.cq);
+    Ok(())
+}
+
+/// WRITE ping-pong, client side: one round trip is WRITE `seq` posted → the server's WRITE
+/// `seq` seen in our region.
+pub fn write_client(args: &ChildArgs) -> anyhow::Result<Measured> {
+    let dev = open(args)?;
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(4096);
+    let inbox = pd.alloc_mr(args.case.size, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+    let conn = dial(args, &pd, &cq, announce(&inbox))?;
+    let mut side = write_side(args, &pd, cq, inbox, conn)?;
+    let mut rtts = RoundTrips::new();
+    for seq in 1..=args.total() {
+        let start = Instant::now();
+        side.write(seq)?;
+        side.await_seq(seq)?;
+        let rtt = start.elapsed();
+        if seq > args.warmup {
+            rtts.record(rtt);
+        }
+    }
+    drain_sends(&side.cq, &mut side.sends)?;
+    Ok(Measured::RoundTrips(rtts))
+}
+
+/// WRITE bandwidth, server side: a region to be written, kept alive by polling until the
+/// client's closing SEND.
+pub fn bandwidth_server(args: &ChildArgs) -> anyhow::Result<()> {
+    let dev = open(args)?;
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(4096);
+    let target = pd.alloc_mr(
+        BW_MESSAGE * BW_DEPTH,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    )?;
+    let rx = pd.alloc_mr(64, Access::LOCAL_WRITE)?;
+    let conn = serve(args, &pd, &cq, announce(&target))?;
+    post_recv_slot(&conn.qp, &rx, 0, 64)?;
+    let mut buf = [Completion::default(); 16];
+    let mut last = Instant::now();
+    loop {
+        let n = poll(&cq, &mut buf)?;
+        if buf[..n].iter().any(|c| is_receive(c.wc.opcode)) {
+            break;
+        }
+        // Caller progress places the WRITEs while this polls; no completion shows for them.
+        if n > 0 {
+            last = Instant::now();
+        } else if conn.qp.state() != ConnectionState::Established {
+            bail!("connection ended before the closing SEND");
+        } else if last.elapsed() > Duration::from_secs(60) {
+            bail!("no closing SEND after a minute");
+        }
+    }
+    linger(&cq);
+    Ok(())
+}
+
+/// WRITE bandwidth, client side: bytes of WRITEs completed between the first post and the
+/// last completion.
+pub fn bandwidth_client(args: &ChildArgs) -> anyhow::Result<Measured> {
+    let dev = open(args)?;
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(4096);
+    let src = pd.alloc_mr(BW_MESSAGE, Access::LOCAL_WRITE)?;
+    let conn = dial(args, &pd, &cq, Vec::new())?;
+    let target = announced(&conn.peer_private_data)?;
+    let qp = conn.qp;
+    let wr = |n: u64| SendWr {
+        wr_id: n,
+        local: src.sge(0, BW_MESSAGE),
+        op: SendOp::Write {
+            remote: RemoteAddr {
+                addr: target.addr + ((n as usize % BW_DEPTH) * BW_MESSAGE) as u64,
+                rkey: target.rkey,
+            },
+        },
+    };
+    let mut buf = [Completion::default(); 64];
+    let start = Instant::now();
+    let first: Vec<SendWr> = (0..BW_DEPTH as u64).map(wr).collect();
+    qp.post_send(&first)?;
+    let mut posted = BW_DEPTH as u64;
+    let mut done = 0u64;
+    let mut last = Instant::now();
+    while done < posted {
+        let n = poll(&cq, &mut buf)?;
+        if n == 0 {
+            check_stall(last, "waiting for WRITE completions")?;
+            continue;
+        }
+        last = Instant::now();
+        done += n as u64;
+        if start.elapsed() < args.duration {
+            let more: Vec<SendWr> = (posted..posted + n as u64).map(wr).collect();
+            qp.post_send(&more)?;
+            posted += n as u64;
+        }
+    }
+    let elapsed = start.elapsed();
+    qp.post_send(&[SendWr {
+        wr_id: u64::MAX,
+        local: src.sge(0, 8),
+        op: SendOp::Send { imm: None },
+    }])?;
+    let mut closing = 1;
+    drain_sends(&cq, &mut closing)?;
+    Ok(Measured::Bandwidth {
+        bytes: done * BW_MESSAGE as u64,
+        elapsed,
+    })
+}
