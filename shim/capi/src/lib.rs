@@ -1,0 +1,1 @@
+//! # libtbrdma (being written)

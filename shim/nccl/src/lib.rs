@@ -1,0 +1,1 @@
+//! # NCCL/RCCL net plugin (being written)

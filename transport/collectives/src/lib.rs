@@ -1,0 +1,1 @@
+//! # tbrdma-collectives (being written)
