@@ -35,25 +35,41 @@ pub struct DemoArgs {
 const MIB: usize = 1 << 20;
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(131).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(131).wrapping_add(seed))
+        .collect()
 }
 
 fn sge(region: &Region, offset: usize, len: usize) -> Sge {
-    Sge { addr: region.addr + offset as u64, len: len as u64, lkey: region.lkey }
+    Sge {
+        addr: region.addr + offset as u64,
+        len: len as u64,
+        lkey: region.lkey,
+    }
 }
 
 fn remote(region: &Region, offset: usize) -> RemoteAddr {
-    RemoteAddr { addr: region.addr + offset as u64, rkey: region.rkey }
+    RemoteAddr {
+        addr: region.addr + offset as u64,
+        rkey: region.rkey,
+    }
 }
 
 fn describe(wc: &WorkCompletion) -> String {
     let imm = wc.imm.map(|i| format!(" imm={i:#x}")).unwrap_or_default();
-    format!("wr {:>3} {:?} {:?} {} bytes{imm}", wc.wr_id, wc.opcode, wc.status, wc.byte_len)
+    format!(
+        "wr {:>3} {:?} {:?} {} bytes{imm}",
+        wc.wr_id, wc.opcode, wc.status, wc.byte_len
+    )
 }
 
 /// Runs the demo.
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
-    for (name, p) in [("--loss", args.loss), ("--duplicate", args.duplicate), ("--corrupt", args.corrupt)] {
+    for (name, p) in [
+        ("--loss", args.loss),
+        ("--duplicate", args.duplicate),
+        ("--corrupt", args.corrupt),
+    ] {
         if !(0.0..0.5).contains(&p) {
             bail!("{name} {p} is out of range: give a probability from 0 to 0.5 (0.05 means 5 %)");
         }
@@ -74,15 +90,27 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
         args.jitter_us,
         args.seed
     );
-    let config = Config { max_retries: 12, ..Config::default() };
-    let mut p = Pair::new(PairConfig { seed: args.seed, config_a: config.clone(), config_b: config, link });
+    let config = Config {
+        max_retries: 12,
+        ..Config::default()
+    };
+    let mut p = Pair::new(PairConfig {
+        seed: args.seed,
+        config_a: config.clone(),
+        config_b: config,
+        link,
+    });
     if p.a.conn.state() != ConnectionState::Established {
         bail!("the simulated handshake failed at this loss rate: lower --loss or --corrupt");
     }
-    println!("connected: payload {} bytes per datagram\n", p.a.conn.max_payload());
+    println!(
+        "connected: payload {} bytes per datagram\n",
+        p.a.conn.max_payload()
+    );
 
     // Host A owns a source buffer; host B exposes a region for one-sided access.
-    let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let rw =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let a_src = p.a.mem.alloc(4 * MIB, Access::LOCAL_WRITE);
     let a_dst = p.a.mem.alloc(4 * MIB, Access::LOCAL_WRITE);
     let b_region = p.b.mem.alloc(4 * MIB + 64, rw);
@@ -90,34 +118,64 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let data = pattern(4 * MIB, 7);
     p.a.mem.fill(&a_src, 0, &data);
 
-    p.b.post_recv(RecvWr { wr_id: 100, local: sge(&b_recv, 0, 64 * 1024) })?;
+    p.b.post_recv(RecvWr {
+        wr_id: 100,
+        local: sge(&b_recv, 0, 64 * 1024),
+    })?;
     let counter = 4 * MIB;
     let mut wrs = vec![
-        SendWr { wr_id: 1, local: sge(&a_src, 0, 4 * MIB), op: SendOp::Write { remote: remote(&b_region, 0) } },
-        SendWr { wr_id: 2, local: sge(&a_dst, 0, 4 * MIB), op: SendOp::Read { remote: remote(&b_region, 0) } },
-        SendWr { wr_id: 3, local: sge(&a_src, 0, 40_000), op: SendOp::Send { imm: Some(0xcafe) } },
+        SendWr {
+            wr_id: 1,
+            local: sge(&a_src, 0, 4 * MIB),
+            op: SendOp::Write {
+                remote: remote(&b_region, 0),
+            },
+        },
+        SendWr {
+            wr_id: 2,
+            local: sge(&a_dst, 0, 4 * MIB),
+            op: SendOp::Read {
+                remote: remote(&b_region, 0),
+            },
+        },
+        SendWr {
+            wr_id: 3,
+            local: sge(&a_src, 0, 40_000),
+            op: SendOp::Send { imm: Some(0xcafe) },
+        },
     ];
     for i in 0..100 {
         wrs.push(SendWr {
             wr_id: 10 + i,
             local: sge(&a_dst, 8 * i as usize, 8),
-            op: SendOp::FetchAdd { remote: remote(&b_region, counter), add: 1 },
+            op: SendOp::FetchAdd {
+                remote: remote(&b_region, counter),
+                add: 1,
+            },
         });
     }
     let posted = wrs.len();
     for wr in wrs {
         p.a.post_send(wr).context("posting a work request")?;
     }
-    println!("posted: WRITE 4 MiB, READ 4 MiB back, SEND 40000 B with immediate, 100 × FETCH_ADD on one counter");
+    println!(
+        "posted: WRITE 4 MiB, READ 4 MiB back, SEND 40000 B with immediate, 100 × FETCH_ADD on one counter"
+    );
     if !p.drive(50_000_000) {
-        bail!("the simulation did not settle within its step bound (a protocol bug: please report it with --seed {})", args.seed);
+        bail!(
+            "the simulation did not settle within its step bound (a protocol bug: please report it with --seed {})",
+            args.seed
+        );
     }
     let wcs_a = p.a.take_completions();
     let wcs_b = p.b.take_completions();
     for wc in wcs_a.iter().take(4).chain(wcs_a.last()) {
         println!("  A completed {}", describe(wc));
     }
-    println!("  A completed … {} completions in all, in post order", wcs_a.len());
+    println!(
+        "  A completed … {} completions in all, in post order",
+        wcs_a.len()
+    );
     for wc in &wcs_b {
         println!("  B completed {}", describe(wc));
     }
@@ -144,12 +202,17 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     let final_counter = u64::from_le_bytes(p.b.mem.bytes(&b_region, counter, 8).try_into()?);
     if final_counter != 100 {
-        problems.push(format!("the counter is {final_counter}, not 100: an atomic ran twice or not at all"));
+        problems.push(format!(
+            "the counter is {final_counter}, not 100: an atomic ran twice or not at all"
+        ));
     }
 
     let link = p.link_stats();
     let (sa, sb) = (p.a.conn.stats(), p.b.conn.stats());
-    println!("\nwhat the link did: {} datagrams offered, {} lost, {} duplicated, {} corrupted", link.sent, link.lost, link.duplicated, link.corrupted);
+    println!(
+        "\nwhat the link did: {} datagrams offered, {} lost, {} duplicated, {} corrupted",
+        link.sent, link.lost, link.duplicated, link.corrupted
+    );
     println!(
         "how the protocol coped: {} retransmissions, {} timeouts, {} corrupt datagrams dropped by CRC, {} duplicates suppressed, {} packets placed ahead of a gap",
         sa.retransmits + sb.retransmits,
@@ -164,7 +227,13 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     let cut = p.now;
     p.link_config_mut().outages.push((cut, None));
     for i in 0..3 {
-        p.a.post_send(SendWr { wr_id: 200 + i, local: sge(&a_src, 0, MIB), op: SendOp::Write { remote: remote(&b_region, 0) } })?;
+        p.a.post_send(SendWr {
+            wr_id: 200 + i,
+            local: sge(&a_src, 0, MIB),
+            op: SendOp::Write {
+                remote: remote(&b_region, 0),
+            },
+        })?;
     }
     p.drive(50_000_000);
     println!("\ncable pulled with 3 WRITEs outstanding:");
@@ -179,7 +248,9 @@ pub fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
 
     if problems.is_empty() {
-        println!("\nverified: every byte, every completion, exactly-once atomics (counter = {final_counter})");
+        println!(
+            "\nverified: every byte, every completion, exactly-once atomics (counter = {final_counter})"
+        );
         Ok(())
     } else {
         bail!("verification failed: {}", problems.join("; "))

@@ -8,11 +8,21 @@ fn tbrdma_bin() -> &'static str {
 
 #[test]
 fn demo_verifies_a_lossy_run() {
-    let out = Command::new(tbrdma_bin()).args(["demo", "--seed", "3"]).output().expect("run tbrdma demo");
+    let out = Command::new(tbrdma_bin())
+        .args(["demo", "--seed", "3"])
+        .output()
+        .expect("run tbrdma demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "demo failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("verified: every byte"), "{stdout}");
-    assert!(stdout.contains("RetryExceeded"), "pulling the cable must fail the outstanding writes:\n{stdout}");
+    assert!(
+        stdout.contains("RetryExceeded"),
+        "pulling the cable must fail the outstanding writes:\n{stdout}"
+    );
     // The lossy link really lost and corrupted traffic, and the protocol really recovered.
     let lost: u64 = stdout
         .split("datagrams offered, ")
@@ -25,8 +35,14 @@ fn demo_verifies_a_lossy_run() {
 
 #[test]
 fn demo_rejects_an_impossible_loss_rate_with_a_fix() {
-    let out = Command::new(tbrdma_bin()).args(["demo", "--loss", "2"]).output().expect("run tbrdma demo");
+    let out = Command::new(tbrdma_bin())
+        .args(["demo", "--loss", "2"])
+        .output()
+        .expect("run tbrdma demo");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--loss 2 is out of range") && stderr.contains("from 0 to 0.5"), "{stderr}");
+    assert!(
+        stderr.contains("--loss 2 is out of range") && stderr.contains("from 0 to 0.5"),
+        "{stderr}"
+    );
 }
