@@ -295,6 +295,7 @@ pub struct Engine {
     kind: EngineKind,
     fallback: Option<String>,
     local_addrs: Vec<SocketAddr>,
+    features: crate::probe::KernelFeatures,
 }
 
 /// Opens a backend on each rail's socket; returns them, the kind of the first and any
@@ -350,6 +351,10 @@ impl Engine {
             .map(UdpSocket::local_addr)
             .collect::<io::Result<Vec<_>>>()?;
         let local_addr = local_addrs[0];
+        // What this kernel offers, recorded once (under a millisecond) and logged, so a user
+        // can see why a path was or was not taken.
+        let features = crate::probe::probe();
+        tracing::debug!("kernel features:\n{features}");
         let state = State {
             arenas: Vec::new(),
             region_users: HashMap::new(),
@@ -416,6 +421,7 @@ impl Engine {
             kind,
             fallback,
             local_addrs,
+            features,
         })
     }
 
@@ -437,6 +443,16 @@ impl Engine {
     /// The data sockets' addresses, one per rail.
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.local_addrs
+    }
+
+    /// What the kernel offered at start-up.
+    pub fn kernel_features(&self) -> &crate::probe::KernelFeatures {
+        &self.features
+    }
+
+    /// Engine-wide counters.
+    pub fn stats(&self) -> EngineStats {
+        self.lock().stats
     }
 
     /// The configuration.

@@ -149,6 +149,16 @@ impl Device {
         self.inner.engine.kind()
     }
 
+    /// Engine counters (datagrams dropped as foreign, busy iterations, sleeps).
+    pub fn engine_stats(&self) -> tbrdma_engine::worker::EngineStats {
+        self.inner.engine.stats()
+    }
+
+    /// What the kernel offered at start-up (io_uring features, busy-poll), with versions.
+    pub fn kernel_features(&self) -> &tbrdma_engine::probe::KernelFeatures {
+        self.inner.engine.kernel_features()
+    }
+
     /// Why the preferred backend was not used, if it was not.
     pub fn engine_fallback(&self) -> Option<&str> {
         self.inner.engine.fallback_reason()

@@ -174,3 +174,117 @@ fn deregistration_waits_for_requests_that_use_the_region() {
     assert_eq!(buf[0].wc.status, WcStatus::Success);
     server.join().unwrap();
 }
+
+#[test]
+fn several_queue_pairs_share_a_device() {
+    let server_dev = Device::open("127.0.0.1", caller()).unwrap();
+    let client_dev = Device::open("127.0.0.1", caller()).unwrap();
+    let server_pd = server_dev.alloc_pd();
+    let target = server_pd
+        .alloc_mr(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let remote = target.remote(0);
+    let server_cq = server_dev.create_cq(64);
+    let listener = Listener::bind(&server_dev, 0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let pd = client_dev.alloc_pd();
+    let cq = client_dev.create_cq(64);
+    let src = pd.alloc_mr(1 << 16, Access::LOCAL_WRITE).unwrap();
+    let mut qps = Vec::new();
+    for i in 0..3u8 {
+        let pd2 = server_pd.clone();
+        let scq = server_cq.clone();
+        let l = &listener;
+        let accepted = std::thread::scope(|s| {
+            let h = s.spawn(move || {
+                l.accept(
+                    &pd2,
+                    &scq,
+                    &scq,
+                    &QpOptions::default(),
+                    Some(Duration::from_secs(10)),
+                )
+                .unwrap()
+            });
+            let c = connect(&pd, addr, &cq, &cq, &QpOptions::default()).unwrap();
+            (c, h.join().unwrap())
+        });
+        src.write(i as usize * 1000, &[i + 1; 1000]);
+        qps.push(accepted);
+    }
+    // Each queue pair writes its own kilobyte; all three land.
+    for (i, (client, _)) in qps.iter().enumerate() {
+        let wr = SendWr {
+            wr_id: i as u64,
+            local: src.sge(i * 1000, 1000),
+            op: SendOp::Write {
+                remote: RemoteAddr {
+                    addr: remote.addr + i as u64 * 1000,
+                    rkey: remote.rkey,
+                },
+            },
+        };
+        client.qp.post_send(&[wr]).unwrap();
+    }
+    let mut got = Vec::new();
+    let mut buf = [Completion::default(); 8];
+    let start = Instant::now();
+    while got.len() < 3 {
+        server_dev.progress().unwrap();
+        let n = cq.poll(&mut buf).unwrap();
+        got.extend(buf[..n].iter().map(|c| (c.qp_num, c.wc.status)));
+        assert!(start.elapsed() < Duration::from_secs(10), "{got:?}");
+    }
+    assert!(got.iter().all(|(_, s)| *s == WcStatus::Success), "{got:?}");
+    let mut qp_nums: Vec<u32> = got.iter().map(|(q, _)| *q).collect();
+    qp_nums.dedup();
+    assert_eq!(qp_nums.len(), 3, "three distinct queue pairs completed");
+    for i in 0..3u8 {
+        let mut back = [0u8; 1000];
+        target.read(i as usize * 1000, &mut back);
+        assert_eq!(back, [i + 1; 1000]);
+    }
+}
+
+#[test]
+fn datagrams_from_strangers_are_dropped() {
+    let (server_dev, _client_dev, server, client, cq, src, target) = pair(64);
+    // A datagram naming the server's live queue pair, but from a socket that is not its peer.
+    let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut forged = vec![0u8; 64];
+    forged[0..2].copy_from_slice(b"tB");
+    forged[2] = 1;
+    forged[16..20].copy_from_slice(&server.qp.qp_num().to_le_bytes());
+    for _ in 0..5 {
+        stranger.send_to(&forged, server_dev.data_addr()).unwrap();
+    }
+    let start = Instant::now();
+    while server_dev.engine_stats().foreign_datagrams < 5 {
+        server_dev.progress().unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "forged datagrams were not counted as foreign"
+        );
+    }
+    // The real connection still works.
+    client
+        .qp
+        .post_send(&[SendWr {
+            wr_id: 1,
+            local: src.sge(0, 8),
+            op: SendOp::Write {
+                remote: target.remote(0),
+            },
+        }])
+        .unwrap();
+    let mut buf = [Completion::default(); 4];
+    let start = Instant::now();
+    loop {
+        server_dev.progress().unwrap();
+        if cq.poll(&mut buf).unwrap() > 0 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10));
+    }
+    assert_eq!(buf[0].wc.status, WcStatus::Success);
+}
