@@ -105,22 +105,26 @@ pub struct Options {
     pub duration: Duration,
     /// Print JSON instead of the table.
     pub json: bool,
+    /// Run only the cases whose name contains one of these (all when empty).
+    pub only: Vec<String>,
 }
 
-const USAGE: &str = "usage: linkbench [--iters N] [--warmup N] [--seconds S] [--json]
+const USAGE: &str = "usage: linkbench [--iters N] [--warmup N] [--seconds S] [--only A,B] [--json]
   Run as root. Measures tbrdma SEND/WRITE round trips and WRITE bandwidth against busy-polling
   UDP, blocking TCP (TCP_NODELAY) and one TCP stream, over one veth pair.
-  --iters N     measured round trips per latency case (default 20000)
-  --warmup N    round trips before measuring (default 2000)
+  --iters N     measured round trips per latency case (default 10000)
+  --warmup N    round trips before measuring (default 1000)
   --seconds S   length of each bandwidth case (default 2)
+  --only A,B    run only the cases whose name contains A or B (e.g. udp,send-uring)
   --json        print the results as JSON instead of the table";
 
 fn parse_options(args: &[String]) -> anyhow::Result<Options> {
     let mut options = Options {
-        iters: 20_000,
-        warmup: 2_000,
+        iters: 10_000,
+        warmup: 1_000,
         duration: Duration::from_secs(2),
         json: false,
+        only: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -137,6 +141,13 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
                     Duration::from_secs_f64(value("--seconds")?.parse().context("--seconds")?)
             }
             "--json" => options.json = true,
+            "--only" => {
+                options.only = value("--only")?
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);

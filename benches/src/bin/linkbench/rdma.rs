@@ -105,6 +105,25 @@ fn dial(
     connect(pd, server, cq, cq, &opts).with_context(|| format!("connecting to {server}"))
 }
 
+/// Prints the client's protocol counters for the parent (datagrams per round trip tell whether
+/// acknowledgements ride on data or cost datagrams of their own).
+fn report_stats(qp: &QueuePair) {
+    let s = qp.stats();
+    println!(
+        "STATS sent={} received={} acks={} retransmits={} timeouts={} rnr_naks={} duplicates={} \
+         dropped={} seq_naks={}",
+        s.packets_sent,
+        s.packets_received,
+        s.acks_sent,
+        s.retransmits,
+        s.timeouts,
+        s.rnr_naks_sent,
+        s.duplicates,
+        s.out_of_order_dropped + s.corrupted + s.malformed + s.foreign,
+        s.seq_naks_sent
+    );
+}
+
 /// Polls once; fails on any unsuccessful completion. Returns how many completions arrived.
 fn poll(cq: &CompletionQueue, buf: &mut [Completion]) -> anyhow::Result<usize> {
     let n = cq.poll(buf).context("polling the completion queue")?;
@@ -120,13 +139,23 @@ fn poll(cq: &CompletionQueue, buf: &mut [Completion]) -> anyhow::Result<usize> {
     Ok(n)
 }
 
-/// Polls until no send is outstanding.
+/// Polls until no send is outstanding. Receives still posted may complete as flushed
+/// meanwhile: the peer, done, closes the connection.
 fn drain_sends(cq: &CompletionQueue, outstanding: &mut u64) -> anyhow::Result<()> {
     let mut buf = [Completion::default(); 64];
     let since = Instant::now();
     while *outstanding > 0 {
-        let n = poll(cq, &mut buf)?;
-        *outstanding -= buf[..n].iter().filter(|c| !is_receive(c.wc.opcode)).count() as u64;
+        let n = cq.poll(&mut buf).context("polling the completion queue")?;
+        for c in buf[..n].iter().filter(|c| !is_receive(c.wc.opcode)) {
+            ensure!(
+                c.wc.status == WcStatus::Success,
+                "{:?} request {} completed with {:?}",
+                c.wc.opcode,
+                c.wc.wr_id,
+                c.wc.status
+            );
+            *outstanding -= 1;
+        }
         check_stall(since, "waiting for the last sends to complete")?;
     }
     Ok(())
@@ -245,6 +274,7 @@ pub fn send_client(args: &ChildArgs) -> anyhow::Result<Measured> {
         }
     }
     drain_sends(&cq, &mut sends)?;
+    report_stats(&qp);
     Ok(Measured::RoundTrips(rtts))
 }
 
@@ -356,6 +386,7 @@ pub fn write_client(args: &ChildArgs) -> anyhow::Result<Measured> {
         }
     }
     drain_sends(&side.cq, &mut side.sends)?;
+    report_stats(&side.qp);
     Ok(Measured::RoundTrips(rtts))
 }
 
@@ -441,6 +472,7 @@ pub fn bandwidth_client(args: &ChildArgs) -> anyhow::Result<Measured> {
     }])?;
     let mut closing = 1;
     drain_sends(&cq, &mut closing)?;
+    report_stats(&qp);
     Ok(Measured::Bandwidth {
         bytes: done * BW_MESSAGE as u64,
         elapsed,

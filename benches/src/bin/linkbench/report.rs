@@ -22,9 +22,13 @@ pub enum Outcome {
         mean: f64,
         min: u64,
         max: u64,
+        /// Round trips of a millisecond or more.
+        over_1ms: u64,
     },
     /// Bytes in a time.
     Bandwidth { bytes: u64, nanos: u64 },
+    /// The case failed (the record says why).
+    Failed,
 }
 
 impl Outcome {
@@ -53,6 +57,7 @@ impl Outcome {
                 mean: get("mean")?,
                 min: get("min")? as u64,
                 max: get("max")? as u64,
+                over_1ms: get("over_1ms")? as u64,
             })
         }
     }
@@ -64,13 +69,14 @@ impl Outcome {
                 format!("p50 {:.1} µs, p99 {:.1} µs", us(p50), us(p99))
             }
             Outcome::Bandwidth { .. } => format!("{:.0} MiB/s", self.mib_per_s()),
+            Outcome::Failed => "FAILED".into(),
         }
     }
 
     fn p50(&self) -> Option<f64> {
         match *self {
             Outcome::RoundTrips { p50, .. } => Some(p50 as f64),
-            Outcome::Bandwidth { .. } => None,
+            Outcome::Bandwidth { .. } | Outcome::Failed => None,
         }
     }
 
@@ -79,13 +85,66 @@ impl Outcome {
             Outcome::Bandwidth { bytes, nanos } => {
                 bytes as f64 / (1 << 20) as f64 / (nanos.max(1) as f64 / 1e9)
             }
-            Outcome::RoundTrips { .. } => 0.0,
+            Outcome::RoundTrips { .. } | Outcome::Failed => f64::NAN,
         }
     }
 }
 
 fn us(nanos: u64) -> f64 {
     nanos as f64 / 1000.0
+}
+
+/// The tbrdma client's protocol counters for one case.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counters {
+    /// Datagrams the client sent.
+    pub sent: u64,
+    /// Datagrams it received.
+    pub received: u64,
+    /// Of those sent, explicit ACKs.
+    pub acks: u64,
+    /// Retransmitted packets.
+    pub retransmits: u64,
+    /// Retransmission timeouts.
+    pub timeouts: u64,
+    /// Packets received twice.
+    pub duplicates: u64,
+    /// Packets received and discarded (out of order, corrupted, malformed, foreign).
+    pub dropped: u64,
+}
+
+impl Counters {
+    /// Parses a child's `STATS` line (without the prefix).
+    pub fn parse(line: &str) -> Counters {
+        let map: HashMap<&str, u64> = line
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
+            .collect();
+        let get = |k: &str| map.get(k).copied().unwrap_or_default();
+        Counters {
+            sent: get("sent"),
+            received: get("received"),
+            acks: get("acks"),
+            retransmits: get("retransmits"),
+            timeouts: get("timeouts"),
+            duplicates: get("duplicates"),
+            dropped: get("dropped"),
+        }
+    }
+}
+
+/// One case's results.
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// The case.
+    pub case: Case,
+    /// What it measured.
+    pub outcome: Outcome,
+    /// tbrdma cases: the client's counters.
+    pub counters: Option<Counters>,
+    /// Why it failed, when it did.
+    pub error: Option<String>,
 }
 
 /// Everything one run produced.
@@ -106,7 +165,7 @@ pub struct Run {
     /// The options.
     pub options: Options,
     /// Every case, in run order.
-    pub outcomes: Vec<(Case, Outcome)>,
+    pub records: Vec<Record>,
 }
 
 /// A comparison the targets name, or one given for information.
@@ -119,6 +178,9 @@ struct Ratio {
 
 impl Ratio {
     fn verdict(&self) -> &'static str {
+        if self.value.is_nan() {
+            return "FAILED";
+        }
         match self.target {
             Some((limit, true)) if self.value <= limit => "PASS",
             Some((limit, false)) if self.value >= limit => "PASS",
@@ -137,10 +199,10 @@ impl Ratio {
 }
 
 fn find(run: &Run, bench: Bench, size: usize) -> Option<Outcome> {
-    run.outcomes
+    run.records
         .iter()
-        .find(|(c, _)| c.bench == bench && c.size == size)
-        .map(|(_, o)| *o)
+        .find(|r| r.case.bench == bench && r.case.size == size)
+        .map(|r| r.outcome)
 }
 
 fn ratios(run: &Run) -> Vec<Ratio> {
@@ -151,7 +213,7 @@ fn ratios(run: &Run) -> Vec<Ratio> {
         let targeted = size == 8;
         for engine in [EngineKind::Uring, EngineKind::Sockets] {
             for bench in [Bench::Send(engine), Bench::Write(engine)] {
-                let Some(ours) = find(run, bench, size).and_then(|o| o.p50()) else {
+                let Some(ours) = find(run, bench, size).map(|o| o.p50().unwrap_or(f64::NAN)) else {
                     continue;
                 };
                 if let Some(udp) = udp {
@@ -213,46 +275,80 @@ pub fn table(run: &Run) -> String {
     );
     let _ = writeln!(
         s,
-        "load average: {} before, {} after",
+        "load average: {} before, {} after (the two spinning processes of this benchmark add \
+         about 2; more than that before the start means another job shared the cores)",
         run.load_before, run.load_after
     );
     let _ = writeln!(
         s,
-        "\n{:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "case", "size B", "p50 µs", "p99 µs", "mean µs", "max µs", "MiB/s"
+        "\n{:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9}  client datagrams",
+        "case", "size B", "p50 µs", "p99 µs", "mean µs", "max µs", ">=1 ms", "MiB/s",
     );
-    for (case, outcome) in &run.outcomes {
+    let per_iteration = run.options.iters + run.options.warmup;
+    for record in &run.records {
+        let (case, outcome) = (&record.case, &record.outcome);
+        let counters = record.counters.map_or(String::new(), |c| {
+            let per = match outcome {
+                Outcome::RoundTrips { .. } => format!(
+                    "{:.2} out/{:.2} in per round trip",
+                    c.sent as f64 / per_iteration as f64,
+                    c.received as f64 / per_iteration as f64
+                ),
+                Outcome::Bandwidth { bytes, .. } => format!(
+                    "{:.1} out/{:.2} in per MiB",
+                    c.sent as f64 / (*bytes as f64 / (1 << 20) as f64),
+                    c.received as f64 / (*bytes as f64 / (1 << 20) as f64)
+                ),
+                Outcome::Failed => String::new(),
+            };
+            format!(
+                "{per}, {} acks, {} retransmits, {} timeouts, {} duplicates, {} discarded",
+                c.acks, c.retransmits, c.timeouts, c.duplicates, c.dropped
+            )
+        });
         match *outcome {
             Outcome::RoundTrips {
                 p50,
                 p99,
                 mean,
                 max,
+                over_1ms,
                 ..
             } => {
                 let _ = writeln!(
                     s,
-                    "{:<18} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9}",
+                    "{:<18} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8} {:>9}  {counters}",
                     case.bench.name(),
                     case.size,
                     us(p50),
                     us(p99),
                     mean / 1000.0,
                     us(max),
+                    over_1ms,
                     "-"
                 );
             }
             Outcome::Bandwidth { .. } => {
                 let _ = writeln!(
                     s,
-                    "{:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9.0}",
+                    "{:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9.0}  {counters}",
                     case.bench.name(),
                     case.size,
                     "-",
                     "-",
                     "-",
                     "-",
+                    "-",
                     outcome.mib_per_s()
+                );
+            }
+            Outcome::Failed => {
+                let _ = writeln!(
+                    s,
+                    "{:<18} {:>8}   FAILED: {}",
+                    case.bench.name(),
+                    case.size,
+                    record.error.as_deref().unwrap_or("?").replace('\n', " / ")
                 );
             }
         }
@@ -294,9 +390,17 @@ fn json_str(s: &str) -> String {
 /// The same as JSON (one object).
 pub fn json(run: &Run) -> String {
     let cases: Vec<String> = run
-        .outcomes
+        .records
         .iter()
-        .map(|(case, outcome)| {
+        .map(|record| {
+            let (case, outcome) = (&record.case, &record.outcome);
+            let counters = record.counters.map_or(String::new(), |c| {
+                format!(
+                    ",\"client_sent\":{},\"client_received\":{},\"client_acks\":{},\
+                     \"retransmits\":{},\"timeouts\":{},\"duplicates\":{},\"discarded\":{}",
+                    c.sent, c.received, c.acks, c.retransmits, c.timeouts, c.duplicates, c.dropped
+                )
+            });
             let body = match *outcome {
                 Outcome::RoundTrips {
                     count,
@@ -305,17 +409,22 @@ pub fn json(run: &Run) -> String {
                     mean,
                     min,
                     max,
+                    over_1ms,
                 } => format!(
                     "\"count\":{count},\"p50_ns\":{p50},\"p99_ns\":{p99},\"mean_ns\":{mean:.0},\
-                     \"min_ns\":{min},\"max_ns\":{max}"
+                     \"min_ns\":{min},\"max_ns\":{max},\"over_1ms\":{over_1ms}"
                 ),
                 Outcome::Bandwidth { bytes, nanos } => format!(
                     "\"bytes\":{bytes},\"nanos\":{nanos},\"mib_per_s\":{:.1}",
                     outcome.mib_per_s()
                 ),
+                Outcome::Failed => format!(
+                    "\"error\":{}",
+                    json_str(record.error.as_deref().unwrap_or("?"))
+                ),
             };
             format!(
-                "{{\"case\":{},\"size\":{},{body}}}",
+                "{{\"case\":{},\"size\":{},{body}{counters}}}",
                 json_str(&case.bench.name()),
                 case.size
             )
@@ -325,9 +434,13 @@ pub fn json(run: &Run) -> String {
         .iter()
         .map(|r| {
             format!(
-                "{{\"ratio\":{},\"value\":{:.3},\"target\":{},\"verdict\":{}}}",
+                "{{\"ratio\":{},\"value\":{},\"target\":{},\"verdict\":{}}}",
                 json_str(&r.label),
-                r.value,
+                if r.value.is_nan() {
+                    "null".to_string()
+                } else {
+                    format!("{:.3}", r.value)
+                },
                 json_str(&r.target_text()),
                 json_str(r.verdict())
             )

@@ -21,7 +21,7 @@ use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
 use tbrdma_verbs::EngineKind;
 
 use crate::child::ChildArgs;
-use crate::report::{self, Outcome, Run};
+use crate::report::{self, Counters, Outcome, Record, Run};
 use crate::{Bench, Case, Options};
 
 /// CPU of the server (rank 0) and of the client (rank 1).
@@ -187,7 +187,7 @@ fn run_case(
     case: Case,
     port: u16,
     options: &Options,
-) -> anyhow::Result<Outcome> {
+) -> anyhow::Result<Record> {
     let server_args = ChildArgs {
         netns: lab::namespace_name(&lab.name, 0),
         server: true,
@@ -221,11 +221,12 @@ fn run_case(
         }
     }
     let client = spawn(exe, &client_args)?;
+    let client_pid = client.id();
     let output = client
         .wait_with_output()
         .context("waiting for the client")?;
     if let Ok(mut c) = CHILDREN.lock() {
-        c.retain(|&pid| pid != client.id());
+        c.retain(|&pid| pid != client_pid);
     }
     let server_ok = finish_server(&mut server)?;
     let server_err = stderr_of(&mut server);
@@ -252,7 +253,15 @@ fn run_case(
         .lines()
         .find_map(|l| l.strip_prefix("RESULT "))
         .ok_or_else(|| anyhow!("{} {} B: no result in {stdout:?}", case.bench, case.size))?;
-    Outcome::parse(result)
+    Ok(Record {
+        case,
+        outcome: Outcome::parse(result)?,
+        counters: stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("STATS "))
+            .map(Counters::parse),
+        error: None,
+    })
 }
 
 /// Runs everything; see the crate docs.
@@ -262,8 +271,12 @@ pub fn parent(options: &Options) -> anyhow::Result<()> {
         "linkbench creates network namespaces: run it as root"
     );
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let highest = [SERVER_CPU, CLIENT_CPU]
+        .into_iter()
+        .max()
+        .unwrap_or_default();
     ensure!(
-        cpus > SERVER_CPU.max(CLIENT_CPU),
+        cpus > highest,
         "linkbench pins to CPUs {CLIENT_CPU} and {SERVER_CPU}; this machine has {cpus}"
     );
     let name = format!("lb{}", std::process::id() % 100_000);
@@ -293,13 +306,35 @@ pub fn parent(options: &Options) -> anyhow::Result<()> {
         lab.server_ip, lab.client_ip
     );
     let exe = std::env::current_exe().context("finding this executable")?;
-    let mut outcomes = Vec::new();
+    let mut records = Vec::new();
     for (i, case) in cases().into_iter().enumerate() {
+        let name = case.bench.name();
+        if !options.only.is_empty() && !options.only.iter().any(|o| name.contains(o.as_str())) {
+            continue;
+        }
         ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
         eprint!("  {:<18} {:>7} B ... ", case.bench.name(), case.size);
-        let outcome = run_case(&exe, &lab, case, BASE_PORT + i as u16, options)?;
-        eprintln!("{}", outcome.short());
-        outcomes.push((case, outcome));
+        // A failed case is a result too (the table says why); only an interruption stops.
+        let record = match run_case(&exe, &lab, case, BASE_PORT + i as u16, options) {
+            Ok(record) => record,
+            Err(e) if !INTERRUPTED.load(Ordering::SeqCst) => Record {
+                case,
+                outcome: Outcome::Failed,
+                counters: None,
+                error: Some(format!("{e:#}")),
+            },
+            Err(e) => return Err(e),
+        };
+        eprintln!(
+            "{}{}",
+            record.outcome.short(),
+            record
+                .error
+                .as_deref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        );
+        records.push(record);
     }
     let run = Run {
         lab: lab.name.clone(),
@@ -309,7 +344,7 @@ pub fn parent(options: &Options) -> anyhow::Result<()> {
         load_after: load_average(),
         elapsed: started.elapsed(),
         options: options.clone(),
-        outcomes,
+        records,
     };
     drop(guard);
     if options.json {
