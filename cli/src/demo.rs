@@ -1,6 +1,11 @@
-//! `tbrdma demo`: drives two endpoints of the protocol core through the simulated lossy link
-//! (no network, no privileges needed) and reports what happened: every completion, what the
-//! link did to the traffic, how the protocol recovered, and whether memory ended up right.
+//! `tbrdma demo`: as root, two namespaces joined by two virtual cables running the
+//! perftest-style tools between them (`demo_lab.rs`); with `--sim` (or without root), two
+//! endpoints of the protocol core through the simulated lossy link, reporting every completion,
+//! what the link did to the traffic, how the protocol recovered, and whether memory ended up
+//! right.
+
+#[path = "demo_lab.rs"]
+mod lab;
 
 use std::time::Duration;
 
@@ -13,8 +18,14 @@ use tbrdma_proto::{
 
 /// Options of `tbrdma demo`.
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Example:\n  tbrdma demo --loss 0.05 --corrupt 0.01 --seed 7")]
+#[command(
+    after_help = "Examples:\n  sudo tbrdma demo\n  tbrdma demo --sim --loss 0.05 --corrupt 0.01 --seed 7"
+)]
 pub struct DemoArgs {
+    /// Run the protocol core over a simulated lossy link instead of a namespace lab (the
+    /// default without root).
+    #[arg(long)]
+    sim: bool,
     /// Probability that the link loses a datagram.
     #[arg(long, default_value_t = 0.05)]
     loss: f64,
@@ -65,6 +76,20 @@ fn describe(wc: &WorkCompletion) -> String {
 
 /// Runs the demo.
 pub fn run(args: DemoArgs) -> anyhow::Result<()> {
+    if args.sim {
+        return run_sim(args);
+    }
+    if !nix::unistd::Uid::effective().is_root() {
+        println!(
+            "(not root: the two-namespace demo needs root, so this is the simulated one; `sudo tbrdma demo` for the real thing)\n"
+        );
+        return run_sim(args);
+    }
+    lab::run()
+}
+
+/// The protocol core over the simulated lossy link.
+fn run_sim(args: DemoArgs) -> anyhow::Result<()> {
     for (name, p) in [
         ("--loss", args.loss),
         ("--duplicate", args.duplicate),

@@ -9,7 +9,7 @@ fn tbrdma_bin() -> &'static str {
 #[test]
 fn demo_verifies_a_lossy_run() {
     let out = Command::new(tbrdma_bin())
-        .args(["demo", "--seed", "3"])
+        .args(["demo", "--sim", "--seed", "3"])
         .output()
         .expect("run tbrdma demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -36,7 +36,7 @@ fn demo_verifies_a_lossy_run() {
 #[test]
 fn demo_rejects_an_impossible_loss_rate_with_a_fix() {
     let out = Command::new(tbrdma_bin())
-        .args(["demo", "--loss", "2"])
+        .args(["demo", "--sim", "--loss", "2"])
         .output()
         .expect("run tbrdma demo");
     assert!(!out.status.success());

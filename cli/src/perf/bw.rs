@@ -1,0 +1,509 @@
+//! `tbrdma bw`: bandwidth like perftest's `ib_*_bw`. The posting side keeps `--tx-depth`
+//! requests outstanding on each of `--qps` connections; with `--bidir` both sides post and the
+//! reported bandwidth is the sum of both directions.
+//!
+//! Each size is a phase that ends with a DONE message on every connection from each side once
+//! all its requests completed, carrying its totals (messages, bytes, time, peak) and the
+//! connection's message count. Completions of the peer's next phase that arrive before this
+//! side has left the current one are carried over.
+//!
+//! `--verify`: every SEND payload is checked against its pattern; for WRITE, the receiver checks
+//! at the end of each size that its region holds the last message's pattern; for READ, every
+//! READ is checked against the peer's fixed pattern. The pattern of a message is written into
+//! its own source slot before posting, which limits the window to the slots there are.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail};
+use tbrdma_verbs::{Access, MemoryRegion, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
+
+use crate::perf::options::{BwArgs, BwOp};
+use crate::perf::pattern;
+use crate::perf::report::{self, Bandwidth};
+use crate::perf::session::{
+    self, Announce, CONTROL, DONE_IMM, DONE_LEN, DONE_WORDS, Interrupted, Remote, Session, Setup,
+    Watch,
+};
+
+/// Peak bandwidth is the best of these intervals.
+const PEAK_INTERVAL: Duration = Duration::from_millis(10);
+/// Memory for `--verify` source slots or SEND receive slots, per connection.
+const SLOT_BUDGET: usize = 64 << 20;
+
+/// Runs `tbrdma bw`.
+pub fn run(args: BwArgs) -> anyhow::Result<()> {
+    if args.qps == 0 || args.tx_depth == 0 {
+        bail!("--qps and --tx-depth must be at least 1");
+    }
+    if args.duration.is_none() && args.iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    let sizes = args.sizes.sizes(65536)?;
+    session::raise_memlock();
+    let server = match &args.connect.server {
+        Some(s) => Some(session::server_addr(s, args.connect.port)?),
+        None => None,
+    };
+    let dev = session::open_device(&args.connect, server, args.rails)?;
+    let pd = dev.alloc_pd();
+    let max = *sizes.iter().max().expect("at least one size");
+    let qps = args.qps;
+    let source_slots = if args.verify || args.op == BwOp::Read {
+        (SLOT_BUDGET / max).clamp(1, args.tx_depth)
+    } else {
+        1
+    };
+    let recv_slots = match args.op {
+        BwOp::Send => (SLOT_BUDGET / max).clamp(4, args.tx_depth.max(4) * 2),
+        _ => 0,
+    };
+    let slot_len = max.max(DONE_LEN);
+    let remote_access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let target = pd.alloc_mr(max * qps, remote_access)?;
+    let source = pd.alloc_mr(max * source_slots * qps, Access::LOCAL_WRITE)?;
+    let recv = match recv_slots {
+        0 => None,
+        n => Some(pd.alloc_mr(slot_len * n * qps, Access::LOCAL_WRITE)?),
+    };
+    let read_pattern = pattern::make(0, max);
+    if args.op == BwOp::Read {
+        for l in 0..qps {
+            target.write(l * max, &read_pattern);
+        }
+    }
+    let announce = Announce {
+        tool: "bw".into(),
+        options: args.agreed(&sizes),
+        regions: vec![Remote::of(&target)],
+    };
+    let window = args.tx_depth.min(if args.verify {
+        source_slots
+    } else {
+        usize::MAX
+    });
+    let session = Session::connect(
+        &dev,
+        &pd,
+        Setup {
+            args: &args.connect,
+            server,
+            qps,
+            cq_depth: window + recv_slots + 16,
+            send_depth: window + 4,
+            recv_depth: recv_slots + 4,
+            control_recvs: args.op != BwOp::Send,
+            announce,
+        },
+    )?;
+    let peer = *session
+        .peer
+        .regions
+        .first()
+        .ok_or_else(|| anyhow!("the peer announced no memory region"))?;
+    let mut run = Run {
+        op: args.op,
+        verify: args.verify,
+        posting: server.is_some() || args.bidir,
+        window,
+        max,
+        source_slots,
+        recv_slots,
+        slot_len,
+        timeout: session.timeout,
+        session,
+        target,
+        source,
+        recv,
+        peer,
+        read_pattern,
+        carry: vec![Vec::new(); qps],
+    };
+    for l in 0..qps {
+        for j in 0..recv_slots {
+            run.post_recv(l, j)?;
+        }
+    }
+    session::start_measuring();
+    let json = args.connect.json;
+    let op_name = format!("{:?}", args.op).to_lowercase();
+    let engine = dev.engine_kind().name();
+    if server.is_some() {
+        report::bandwidth_header(json);
+    }
+    let limit = match args.duration {
+        Some(s) => Limit::Time(Duration::from_secs_f64(s.max(0.001))),
+        None => Limit::Messages(args.iters),
+    };
+    for &size in &sizes {
+        let mut partial = None;
+        let (result, stopped) = match run.phase(size, limit, &mut partial) {
+            Ok(r) => (Some(r), None),
+            Err(error) => (partial, Some(error)),
+        };
+        if let (Some(r), true) = (result, server.is_some()) {
+            report::bandwidth_line(json, &op_name, engine, size, &r, args.verify);
+        }
+        if let Some(e) = stopped {
+            if e.is::<Interrupted>() && server.is_some() {
+                eprintln!(
+                    "interrupted by Ctrl-C during the {size}-byte run: printed what was measured"
+                );
+            }
+            return Err(e);
+        }
+    }
+    if server.is_none() {
+        eprintln!("served one run");
+    }
+    run.session.linger();
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Limit {
+    Messages(u64),
+    Time(Duration),
+}
+
+struct Run {
+    op: BwOp,
+    verify: bool,
+    posting: bool,
+    window: usize,
+    max: usize,
+    source_slots: usize,
+    recv_slots: usize,
+    slot_len: usize,
+    timeout: Duration,
+    session: Session,
+    target: MemoryRegion,
+    source: MemoryRegion,
+    recv: Option<MemoryRegion>,
+    peer: Remote,
+    read_pattern: Vec<u8>,
+    /// Per connection: the peer's completions of the next phase, seen early.
+    carry: Vec<Vec<WorkCompletion>>,
+}
+
+/// One connection's progress in a phase.
+#[derive(Debug, Default, Clone)]
+struct LinkPhase {
+    posted: u64,
+    completed: u64,
+    received: u64,
+    peer_done: Option<[u64; DONE_WORDS]>,
+    done_delivered: bool,
+}
+
+/// This side's counters in a phase.
+#[derive(Debug)]
+struct Meter {
+    start: Instant,
+    last: Instant,
+    messages: u64,
+    bytes: u64,
+    bucket_start: Instant,
+    bucket_bytes: u64,
+    peak: f64,
+}
+
+impl Meter {
+    fn new() -> Meter {
+        let now = Instant::now();
+        Meter {
+            start: now,
+            last: now,
+            messages: 0,
+            bytes: 0,
+            bucket_start: now,
+            bucket_bytes: 0,
+            peak: 0.0,
+        }
+    }
+
+    fn completed(&mut self, bytes: usize) {
+        let now = Instant::now();
+        let span = now - self.bucket_start;
+        if span >= PEAK_INTERVAL {
+            self.peak = self.peak.max(self.bucket_bytes as f64 / span.as_secs_f64());
+            self.bucket_start = now;
+            self.bucket_bytes = 0;
+        }
+        self.bucket_bytes += bytes as u64;
+        self.messages += 1;
+        self.bytes += bytes as u64;
+        self.last = now;
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.last - self.start
+    }
+
+    /// Bytes per second over the whole phase.
+    fn average(&self) -> f64 {
+        let secs = self.elapsed().as_secs_f64();
+        if secs > 0.0 {
+            self.bytes as f64 / secs
+        } else {
+            0.0
+        }
+    }
+
+    fn result(&self) -> Bandwidth {
+        let secs = self.elapsed().as_secs_f64().max(1e-9);
+        let avg = self.average();
+        const MIB: f64 = (1 << 20) as f64;
+        Bandwidth {
+            iters: self.messages,
+            peak_mib_s: self.peak.max(avg) / MIB,
+            avg_mib_s: avg / MIB,
+            msg_rate_mpps: self.messages as f64 / secs / 1e6,
+        }
+    }
+}
+
+impl Run {
+    fn post_recv(&self, l: usize, j: usize) -> anyhow::Result<()> {
+        let recv = self.recv.as_ref().expect("receive slots");
+        let slot = l * self.recv_slots + j;
+        self.session.links[l].qp.post_recv(&[RecvWr {
+            wr_id: slot as u64,
+            local: recv.sge(slot * self.slot_len, self.slot_len),
+        }])?;
+        Ok(())
+    }
+
+    fn source_offset(&self, l: usize, k: u64) -> usize {
+        (l * self.source_slots + (k % self.source_slots as u64) as usize) * self.max
+    }
+
+    /// Posts as many requests on connection `l` as the window and the limit allow.
+    fn fill(
+        &mut self,
+        l: usize,
+        state: &mut LinkPhase,
+        size: usize,
+        cap: u64,
+    ) -> anyhow::Result<()> {
+        let room = self.window as u64 - (state.posted - state.completed);
+        let n = room.min(cap.saturating_sub(state.posted));
+        if n == 0 {
+            return Ok(());
+        }
+        let mut wrs = Vec::with_capacity(n as usize);
+        for k in state.posted..state.posted + n {
+            let at = self.source_offset(l, k);
+            if self.verify && self.op != BwOp::Read {
+                self.source.write(at, &pattern::make(k, size));
+            }
+            let remote = self.peer.at(l * self.max);
+            let op = match self.op {
+                BwOp::Write => SendOp::Write { remote },
+                BwOp::Send => SendOp::Send { imm: None },
+                BwOp::Read => SendOp::Read { remote },
+            };
+            wrs.push(SendWr {
+                wr_id: k,
+                local: self.source.sge(at, size),
+                op,
+            });
+        }
+        self.session.links[l].qp.post_send(&wrs)?;
+        state.posted += n;
+        Ok(())
+    }
+
+    /// Handles one completion of connection `l`.
+    fn handle(
+        &mut self,
+        l: usize,
+        wc: WorkCompletion,
+        state: &mut LinkPhase,
+        meter: &mut Meter,
+        size: usize,
+    ) -> anyhow::Result<()> {
+        let receive = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        if receive && state.peer_done.is_some() {
+            self.carry[l].push(wc);
+            return Ok(());
+        }
+        if receive && wc.imm == Some(DONE_IMM) {
+            let words = if wc.wr_id & CONTROL != 0 {
+                self.session.take_control(l, &wc)?
+            } else {
+                let slot = wc.wr_id as usize;
+                let mut raw = [0u8; DONE_LEN];
+                let recv = self.recv.as_ref().expect("receive slots");
+                recv.read(slot * self.slot_len, &mut raw);
+                self.post_recv(l, slot - l * self.recv_slots)?;
+                session::done_words(&raw)
+            };
+            if self.verify && self.op == BwOp::Write && words[4] > 0 {
+                let mut got = vec![0u8; size];
+                self.target.read(l * self.max, &mut got);
+                if let Some(at) = pattern::first_mismatch(words[4] - 1, size, &got) {
+                    bail!(
+                        "verification failed at byte {at} of iteration {} ({size}-byte WRITE, connection {l})",
+                        words[4] - 1
+                    );
+                }
+            }
+            state.peer_done = Some(words);
+        } else if receive {
+            let slot = wc.wr_id as usize;
+            let k = state.received;
+            state.received += 1;
+            if wc.byte_len as usize != size {
+                bail!(
+                    "verification failed at byte {} of iteration {k}: received {} bytes, expected {size}",
+                    wc.byte_len.min(size as u64),
+                    wc.byte_len
+                );
+            }
+            if self.verify {
+                let recv = self.recv.as_ref().expect("receive slots");
+                let mut got = vec![0u8; size];
+                recv.read(slot * self.slot_len, &mut got);
+                if let Some(at) = pattern::first_mismatch(k, size, &got) {
+                    bail!(
+                        "verification failed at byte {at} of iteration {k} ({size}-byte SEND, connection {l})"
+                    );
+                }
+            }
+            self.post_recv(l, slot - l * self.recv_slots)?;
+        } else if wc.wr_id & CONTROL != 0 {
+            state.done_delivered = true;
+        } else {
+            if self.verify && self.op == BwOp::Read {
+                let at = self.source_offset(l, wc.wr_id);
+                let mut got = vec![0u8; size];
+                self.source.read(at, &mut got);
+                if let Some(i) = got.iter().zip(&self.read_pattern).position(|(a, b)| a != b) {
+                    bail!(
+                        "verification failed at byte {i} of iteration {} ({size}-byte READ, connection {l})",
+                        wc.wr_id
+                    );
+                }
+            }
+            state.completed += 1;
+            meter.completed(size);
+        }
+        Ok(())
+    }
+
+    /// Runs one size. When it stops early, `partial` gets what was measured.
+    fn phase(
+        &mut self,
+        size: usize,
+        limit: Limit,
+        partial: &mut Option<Bandwidth>,
+    ) -> anyhow::Result<Bandwidth> {
+        let qps = self.session.links.len();
+        let mut states = vec![LinkPhase::default(); qps];
+        for (l, carried) in self.carry.iter_mut().enumerate() {
+            for wc in carried.drain(..).rev() {
+                self.session.links[l].unpoll(wc);
+            }
+        }
+        let mut meter = Meter::new();
+        let (cap, deadline) = match limit {
+            Limit::Messages(n) => (n, None),
+            Limit::Time(d) => (u64::MAX, Some(meter.start + d)),
+        };
+        let mut side_done = false;
+        let mut watch = Watch::new(self.timeout);
+        let mut progress_at = meter.start + Duration::from_secs(2);
+        if !self.posting {
+            side_done = true;
+            for l in 0..qps {
+                self.session.send_done(l, [0; DONE_WORDS])?;
+            }
+        }
+        loop {
+            if session::interrupted() {
+                *partial = (meter.messages > 0).then(|| meter.result());
+                return Err(Interrupted.into());
+            }
+            let now = Instant::now();
+            let stop_posting = deadline.is_some_and(|d| now >= d);
+            let mut moved = false;
+            for (l, state) in states.iter_mut().enumerate() {
+                if self.posting && !side_done && !stop_posting {
+                    self.fill(l, state, size, cap)?;
+                }
+                for _ in 0..64 {
+                    match self.session.links[l].next()? {
+                        Some(wc) => {
+                            moved = true;
+                            self.handle(l, wc, state, &mut meter, size)?;
+                        }
+                        None => break,
+                    }
+                }
+            }
+            if !side_done
+                && states
+                    .iter()
+                    .all(|s| s.completed == s.posted && (stop_posting || s.posted >= cap))
+            {
+                side_done = true;
+                let r = [
+                    meter.messages,
+                    meter.bytes,
+                    meter.elapsed().as_nanos() as u64,
+                    meter.peak.max(meter.average()).to_bits(),
+                ];
+                for (l, s) in states.iter().enumerate() {
+                    self.session
+                        .send_done(l, [r[0], r[1], r[2], r[3], s.completed])?;
+                }
+            }
+            if side_done
+                && states
+                    .iter()
+                    .all(|s| s.done_delivered && s.peer_done.is_some())
+            {
+                break;
+            }
+            if moved {
+                watch.progressed();
+            } else if self.posting && !side_done {
+                let outstanding: u64 = states.iter().map(|s| s.posted - s.completed).sum();
+                if let Err(e) = watch
+                    .check(|| format!("with {outstanding} requests of {size} bytes outstanding"))
+                {
+                    *partial = (meter.messages > 0).then(|| meter.result());
+                    return Err(e);
+                }
+            }
+            if now >= progress_at && self.posting && !side_done {
+                progress_at = now + Duration::from_secs(1);
+                eprintln!(
+                    "  {size} bytes: {} messages, {:.0} MiB/s so far",
+                    meter.messages,
+                    meter.average() / (1 << 20) as f64
+                );
+            }
+        }
+        let mut result = meter.result();
+        if self.posting && self.session.is_server {
+            // Bidirectional: the client reports both directions; the server's numbers are its own.
+            return Ok(result);
+        }
+        let peer = states[0].peer_done.expect("peer finished");
+        if peer[0] > 0 {
+            // The peer streamed too (--bidir): report the sum, as perftest does.
+            let secs = Duration::from_nanos(peer[2]).as_secs_f64().max(1e-9);
+            const MIB: f64 = (1 << 20) as f64;
+            let peer_avg = peer[1] as f64 / secs / MIB;
+            let peer_peak = f64::from_bits(peer[3]) / MIB;
+            result = Bandwidth {
+                iters: result.iters + peer[0],
+                peak_mib_s: result.peak_mib_s + peer_peak.max(peer_avg),
+                avg_mib_s: result.avg_mib_s + peer_avg,
+                msg_rate_mpps: result.msg_rate_mpps + peer[0] as f64 / secs / 1e6,
+            };
+        }
+        Ok(result)
+    }
+}

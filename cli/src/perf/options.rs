@@ -1,0 +1,266 @@
+//! Command-line options of `pingpong` and `bw`, and the subset of them both sides of a run must
+//! agree on (exchanged as connection-manager private data and compared before anything runs).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+/// perftest's default port, so firewall rules written for perftest keep working.
+pub const DEFAULT_PORT: u16 = 18515;
+
+/// Largest size of the `--all` sweep: 8 MiB, as perftest's `-a`.
+const SWEEP_MAX: usize = 8 << 20;
+
+/// Where to connect or listen, and how the engine runs.
+#[derive(Debug, Args, Clone)]
+pub struct ConnectArgs {
+    /// Server to connect to (IP or host name). Without it, listen and serve one run.
+    pub server: Option<String>,
+    /// TCP port of the connection manager (the side channel).
+    #[arg(long, short = 'p', default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// Local address of the link to use.
+    #[arg(long, value_name = "IP", conflicts_with = "iface")]
+    pub bind: Option<String>,
+    /// Interface of the link to use (`thunderbolt0`).
+    #[arg(long, value_name = "NAME")]
+    pub iface: Option<String>,
+    /// Datagram backend; io_uring falls back to sockets when the kernel refuses it.
+    #[arg(long, value_enum, default_value_t = EngineArg::Uring)]
+    pub engine: EngineArg,
+    /// Who runs the engine: `caller` spins in this thread (one core per process), `thread`
+    /// adds a background engine thread.
+    #[arg(long, value_enum, default_value_t = ProgressArg::Caller)]
+    pub progress: ProgressArg,
+    /// Seconds to wait for the connection and for any one iteration before giving up.
+    #[arg(long, value_name = "S", default_value_t = 10.0)]
+    pub timeout: f64,
+    /// One JSON object per line per size on stdout, nothing else there.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl ConnectArgs {
+    /// The timeout as a duration.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.timeout.max(0.001))
+    }
+}
+
+/// `--engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EngineArg {
+    /// io_uring (multishot receive, provided buffers).
+    Uring,
+    /// Nonblocking sendmmsg/recvmmsg.
+    Sockets,
+}
+
+/// `--progress`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProgressArg {
+    /// A background engine thread.
+    Thread,
+    /// The measuring thread runs the engine while it polls.
+    Caller,
+}
+
+/// `--op` of `pingpong`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LatOp {
+    /// RDMA WRITE into each other's memory, polled (ib_write_lat).
+    Write,
+    /// SEND/RECV (ib_send_lat).
+    Send,
+    /// RDMA READ by the client (ib_read_lat).
+    Read,
+    /// FETCH_ADD by the client (ib_atomic_lat).
+    Atomic,
+}
+
+/// `--op` of `bw`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BwOp {
+    /// RDMA WRITE (ib_write_bw).
+    Write,
+    /// SEND/RECV (ib_send_bw).
+    Send,
+    /// RDMA READ (ib_read_bw).
+    Read,
+}
+
+/// Which message sizes to run.
+#[derive(Debug, Args, Clone)]
+pub struct SizeArgs {
+    /// Message size in bytes (repeatable).
+    #[arg(long, short = 's', value_name = "N", conflicts_with = "all")]
+    pub size: Vec<usize>,
+    /// Sweep sizes from 2 B to 8 MiB by powers of two.
+    #[arg(long, short = 'a')]
+    pub all: bool,
+}
+
+impl SizeArgs {
+    /// The sizes, `default` when none was given.
+    pub fn sizes(&self, default: usize) -> anyhow::Result<Vec<usize>> {
+        let sizes = if self.all {
+            std::iter::successors(Some(2usize), |s| (*s < SWEEP_MAX).then_some(s * 2)).collect()
+        } else if self.size.is_empty() {
+            vec![default]
+        } else {
+            self.size.clone()
+        };
+        if let Some(bad) = sizes.iter().find(|&&s| s == 0 || s > 1 << 30) {
+            anyhow::bail!("--size {bad}: sizes must be between 1 byte and 1 GiB");
+        }
+        Ok(sizes)
+    }
+}
+
+/// `tbrdma pingpong`.
+#[derive(Debug, Args, Clone)]
+#[command(after_help = "\
+Examples:
+  tbrdma pingpong                          # on host A: serve one run
+  tbrdma pingpong 10.0.0.1 --op write -a   # on host B: WRITE latency, 2 B to 8 MiB
+  tbrdma pingpong 10.0.0.1 --op send --size 8 --size 4096 --verify --json")]
+pub struct PingpongArgs {
+    /// Operation to time.
+    #[arg(long, value_enum, default_value_t = LatOp::Write)]
+    pub op: LatOp,
+    #[command(flatten)]
+    pub sizes: SizeArgs,
+    /// Measured iterations per size.
+    #[arg(long, short = 'n', default_value_t = 1000)]
+    pub iters: u64,
+    /// Unmeasured iterations before them.
+    #[arg(long, default_value_t = 100)]
+    pub warmup: u64,
+    /// Every payload carries a pattern the receiver checks; a mismatch fails the run.
+    #[arg(long)]
+    pub verify: bool,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+}
+
+/// `tbrdma bw`.
+#[derive(Debug, Args, Clone)]
+#[command(after_help = "\
+Examples:
+  tbrdma bw                                  # on host A: serve one run
+  tbrdma bw 10.0.0.1 --op write --size 65536 --duration 5
+  tbrdma bw 10.0.0.1 --op send --qps 4 --bidir --json")]
+pub struct BwArgs {
+    /// Operation to stream.
+    #[arg(long, value_enum, default_value_t = BwOp::Write)]
+    pub op: BwOp,
+    #[command(flatten)]
+    pub sizes: SizeArgs,
+    /// Messages per queue pair and size (ignored with --duration).
+    #[arg(long, short = 'n', default_value_t = 5000)]
+    pub iters: u64,
+    /// Stream for S seconds per size instead of a number of messages.
+    #[arg(long, value_name = "S")]
+    pub duration: Option<f64>,
+    /// Outstanding requests per queue pair.
+    #[arg(long, short = 't', default_value_t = 128)]
+    pub tx_depth: usize,
+    /// Queue pairs (connections) to stream over at once.
+    #[arg(long, short = 'q', default_value_t = 1)]
+    pub qps: usize,
+    /// Both sides stream at once; the reported bandwidth is the sum.
+    #[arg(long, short = 'b')]
+    pub bidir: bool,
+    /// Use every link to the peer as one device (stripes large messages over the cables):
+    /// the link to SERVER (or --bind/--iface) first, then the others to the same host.
+    #[arg(long)]
+    pub rails: bool,
+    /// Check every SEND's payload, and each WRITE or READ region at the end of a size.
+    #[arg(long)]
+    pub verify: bool,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+}
+
+/// What both sides of a run must agree on, by option name (as the user types it).
+pub type Agreed = BTreeMap<String, String>;
+
+impl PingpongArgs {
+    /// Options the peer must share.
+    pub fn agreed(&self, sizes: &[usize]) -> Agreed {
+        let mut m = Agreed::new();
+        m.insert("--op".into(), format!("{:?}", self.op).to_lowercase());
+        m.insert("--size".into(), join(sizes));
+        m.insert("--iters".into(), self.iters.to_string());
+        m.insert("--warmup".into(), self.warmup.to_string());
+        m.insert("--verify".into(), self.verify.to_string());
+        m
+    }
+}
+
+impl BwArgs {
+    /// Options the peer must share.
+    pub fn agreed(&self, sizes: &[usize]) -> Agreed {
+        let mut m = Agreed::new();
+        m.insert("--op".into(), format!("{:?}", self.op).to_lowercase());
+        m.insert("--size".into(), join(sizes));
+        m.insert("--iters".into(), self.iters.to_string());
+        m.insert(
+            "--duration".into(),
+            self.duration.map_or("none".into(), |d| d.to_string()),
+        );
+        m.insert("--tx-depth".into(), self.tx_depth.to_string());
+        m.insert("--qps".into(), self.qps.to_string());
+        m.insert("--bidir".into(), self.bidir.to_string());
+        m.insert("--verify".into(), self.verify.to_string());
+        m
+    }
+}
+
+fn join(sizes: &[usize]) -> String {
+    let v: Vec<String> = sizes.iter().map(usize::to_string).collect();
+    v.join(",")
+}
+
+/// The options that differ, as `--size (server 8, client 4096)`; empty when they agree.
+pub fn differences(server: &Agreed, client: &Agreed) -> Vec<String> {
+    let mut keys: Vec<&String> = server.keys().chain(client.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| server.get(*k) != client.get(*k))
+        .map(|k| {
+            let show = |m: &Agreed| m.get(k).cloned().unwrap_or_else(|| "unset".into());
+            format!("{k} (server {}, client {})", show(server), show(client))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sweep_runs_from_two_bytes_to_eight_mebibytes() {
+        let args = SizeArgs {
+            size: vec![],
+            all: true,
+        };
+        let sizes = args.sizes(2).unwrap();
+        assert_eq!(sizes.first(), Some(&2));
+        assert_eq!(sizes.last(), Some(&(8 << 20)));
+        assert_eq!(sizes.len(), 23);
+    }
+
+    #[test]
+    fn differences_name_each_option_with_both_values() {
+        let mut a = Agreed::new();
+        a.insert("--size".into(), "8".into());
+        a.insert("--op".into(), "write".into());
+        let mut b = a.clone();
+        b.insert("--size".into(), "4096".into());
+        assert_eq!(differences(&a, &b), vec!["--size (server 8, client 4096)"]);
+        assert!(differences(&a, &a).is_empty());
+    }
+}

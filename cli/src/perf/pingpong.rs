@@ -1,0 +1,470 @@
+//! `tbrdma pingpong`: latency like perftest's `ib_*_lat`. The client measures and prints; the
+//! server answers (write, send) or just serves its memory (read, atomic), for one run.
+//!
+//! Per iteration, with `seq` a counter both sides advance in step (1, 2, … across all sizes):
+//! - write: the client WRITEs `size` bytes into the server's region plus `seq` in an aligned
+//!   8-byte counter word at `align8(size)`; the server busy-polls that word (an atomic load),
+//!   then WRITEs back the same way. When payload, padding and counter fit in one datagram
+//!   (≤ 1 KiB) they travel as one WRITE; otherwise the counter is a second 8-byte WRITE posted
+//!   behind the payload's, which the transport places only once the payload is complete (it
+//!   never places a later message before an earlier one is whole). One-way = round trip / 2.
+//! - send: SEND of `size` bytes into a pre-posted receive, answered the same way. One-way =
+//!   round trip / 2.
+//! - read: the client READs `size` bytes; the full READ latency is reported, as ib_read_lat.
+//! - atomic: the client FETCH_ADDs 1 to an 8-byte word; the full latency is reported.
+//!
+//! The end of the run is a DONE message from the client, which the server waits for.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail};
+use tbrdma_verbs::{Access, MemoryRegion, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
+
+use crate::perf::options::{LatOp, PingpongArgs};
+use crate::perf::pattern;
+use crate::perf::report;
+use crate::perf::session::{self, Announce, DONE_IMM, Interrupted, Remote, Session, Setup, Watch};
+use crate::perf::stats::Samples;
+
+/// Payload, padding and counter up to this many bytes travel as one WRITE (one datagram on any
+/// link tbrdma runs on).
+const ONE_DATAGRAM: usize = 1024;
+/// Receives pre-posted for `--op send`.
+const RECV_SLOTS: usize = 4;
+
+fn align8(n: usize) -> usize {
+    n.div_ceil(8) * 8
+}
+
+/// The memory of one side.
+struct Buffers {
+    /// The peer WRITEs here (payload, then the counter word), READs and FETCH_ADDs here.
+    target: MemoryRegion,
+    /// What this side sends or WRITEs from, and where READ and FETCH_ADD results land.
+    source: MemoryRegion,
+    /// `--op send` receive slots, `slot_len` bytes each.
+    recv: Option<MemoryRegion>,
+    slot_len: usize,
+}
+
+struct Run<'a> {
+    op: LatOp,
+    verify: bool,
+    session: Session,
+    buf: Buffers,
+    peer: Remote,
+    timeout: Duration,
+    /// The server's fixed READ pattern (client, `--op read --verify`).
+    read_pattern: &'a [u8],
+    /// FETCH_ADDs done so far: the value the next one must return.
+    adds: u64,
+}
+
+/// Runs `tbrdma pingpong`.
+pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
+    let explicit_sizes = args.sizes.all || !args.sizes.size.is_empty();
+    let sizes = match args.op {
+        LatOp::Atomic if explicit_sizes && args.sizes.sizes(8)? != [8] => {
+            bail!("--op atomic moves 8 bytes: drop --size/--all")
+        }
+        LatOp::Atomic => vec![8],
+        _ => args.sizes.sizes(2)?,
+    };
+    if args.iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    session::raise_memlock();
+    let server = match &args.connect.server {
+        Some(s) => Some(session::server_addr(s, args.connect.port)?),
+        None => None,
+    };
+    let dev = session::open_device(&args.connect, server, false)?;
+    let pd = dev.alloc_pd();
+    let max = *sizes.iter().max().expect("at least one size");
+    let region_len = align8(max) + 8;
+    let remote_access =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let target = pd.alloc_mr(region_len, remote_access)?;
+    let source = pd.alloc_mr(region_len, Access::LOCAL_WRITE)?;
+    let slot_len = max.max(session::DONE_LEN);
+    let recv = match args.op {
+        LatOp::Send => Some(pd.alloc_mr(slot_len * RECV_SLOTS, Access::LOCAL_WRITE)?),
+        _ => None,
+    };
+    // The server's memory is what READs return: a fixed pattern the client can check.
+    let read_pattern = pattern::make(0, max);
+    if server.is_none() && args.op == LatOp::Read {
+        target.write(0, &read_pattern);
+    }
+    if !args.verify {
+        source.write(0, &pattern::make(0, region_len));
+    }
+    let announce = Announce {
+        tool: "pingpong".into(),
+        options: args.agreed(&sizes),
+        regions: vec![Remote::of(&target)],
+    };
+    let session = Session::connect(
+        &dev,
+        &pd,
+        Setup {
+            args: &args.connect,
+            server,
+            qps: 1,
+            cq_depth: 64 + RECV_SLOTS,
+            send_depth: 16,
+            recv_depth: RECV_SLOTS + 4,
+            // SEND runs receive DONE in a data slot: receives are consumed in posted order.
+            control_recvs: args.op != LatOp::Send,
+            announce,
+        },
+    )?;
+    let peer = *session
+        .peer
+        .regions
+        .first()
+        .ok_or_else(|| anyhow!("the peer announced no memory region"))?;
+    let mut run = Run {
+        op: args.op,
+        verify: args.verify,
+        timeout: session.timeout,
+        session,
+        buf: Buffers {
+            target,
+            source,
+            recv,
+            slot_len,
+        },
+        peer,
+        read_pattern: &read_pattern,
+        adds: 0,
+    };
+    if let Some(recv) = &run.buf.recv {
+        for slot in 0..RECV_SLOTS {
+            run.session.links[0].qp.post_recv(&[RecvWr {
+                wr_id: slot as u64,
+                local: recv.sge(slot * slot_len, slot_len),
+            }])?;
+        }
+    }
+    session::start_measuring();
+    let op_name = format!("{:?}", args.op).to_lowercase();
+    let engine = dev.engine_kind().name();
+    let json = args.connect.json;
+    let one_way = match args.op {
+        LatOp::Write | LatOp::Send => 2.0,
+        LatOp::Read | LatOp::Atomic => 1.0,
+    };
+    if server.is_some() {
+        report::latency_header(json);
+    }
+    let mut seq = 0u64;
+    for &size in &sizes {
+        let total = args.warmup + args.iters;
+        let mut samples = Samples::with_capacity(args.iters as usize);
+        let mut progress = Progress::new(size, total);
+        let mut stopped = None;
+        for i in 0..total {
+            if session::interrupted() {
+                stopped = Some(Interrupted.into());
+                break;
+            }
+            seq += 1;
+            let result = if server.is_some() {
+                run.client_iteration(size, seq, i)
+            } else {
+                run.server_iteration(size, seq, i).map(|()| Duration::ZERO)
+            };
+            match result {
+                Ok(rtt) if i >= args.warmup && server.is_some() => {
+                    samples.record(rtt.as_nanos() as u64)
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    stopped = Some(e);
+                    break;
+                }
+            }
+            progress.tick(i + 1);
+        }
+        if let Some(l) = samples.summary(one_way) {
+            report::latency_line(json, &op_name, engine, size, &l, args.verify);
+        }
+        if let Some(e) = stopped {
+            if e.is::<Interrupted>() && server.is_some() {
+                eprintln!(
+                    "interrupted by Ctrl-C during the {size}-byte run: printed what was measured"
+                );
+            }
+            return Err(e);
+        }
+    }
+    run.finish()
+}
+
+impl Run<'_> {
+    fn link(&mut self) -> &mut session::Link {
+        &mut self.session.links[0]
+    }
+
+    fn client_iteration(&mut self, size: usize, seq: u64, i: u64) -> anyhow::Result<Duration> {
+        match self.op {
+            LatOp::Write | LatOp::Send => {
+                let start = Instant::now();
+                self.send_message(size, seq)?;
+                self.wait_message(size, seq, i)?;
+                Ok(start.elapsed())
+            }
+            LatOp::Read => {
+                if self.verify {
+                    self.buf.source.write(0, &vec![0u8; size]);
+                }
+                let start = Instant::now();
+                let wr = SendWr {
+                    wr_id: seq,
+                    local: self.buf.source.sge(0, size),
+                    op: SendOp::Read {
+                        remote: self.peer.at(0),
+                    },
+                };
+                self.link().qp.post_send(&[wr])?;
+                self.wait_send_completion(seq, size, i)?;
+                let elapsed = start.elapsed();
+                if self.verify {
+                    let mut got = vec![0u8; size];
+                    self.buf.source.read(0, &mut got);
+                    if let Some(at) = got.iter().zip(self.read_pattern).position(|(a, b)| a != b) {
+                        bail!(
+                            "verification failed at byte {at} of iteration {i} ({size}-byte READ)"
+                        );
+                    }
+                }
+                Ok(elapsed)
+            }
+            LatOp::Atomic => {
+                let start = Instant::now();
+                let wr = SendWr {
+                    wr_id: seq,
+                    local: self.buf.source.sge(0, 8),
+                    op: SendOp::FetchAdd {
+                        remote: self.peer.at(0),
+                        add: 1,
+                    },
+                };
+                self.link().qp.post_send(&[wr])?;
+                self.wait_send_completion(seq, size, i)?;
+                let elapsed = start.elapsed();
+                let got = self.buf.source.load_u64(0);
+                if self.verify && got != self.adds {
+                    bail!(
+                        "verification failed at byte 0 of iteration {i}: FETCH_ADD returned {got}, expected {}",
+                        self.adds
+                    );
+                }
+                self.adds += 1;
+                Ok(elapsed)
+            }
+        }
+    }
+
+    fn server_iteration(&mut self, size: usize, seq: u64, i: u64) -> anyhow::Result<()> {
+        match self.op {
+            LatOp::Write | LatOp::Send => {
+                self.wait_message(size, seq, i)?;
+                self.send_message(size, seq)
+            }
+            // The client does all the work; the server's engine serves it from `finish`.
+            LatOp::Read | LatOp::Atomic => Ok(()),
+        }
+    }
+
+    /// WRITE (payload + counter) or SEND message `seq`.
+    fn send_message(&mut self, size: usize, seq: u64) -> anyhow::Result<()> {
+        if self.verify {
+            self.buf.source.write(0, &pattern::make(seq, size));
+        }
+        let counter_at = align8(size);
+        let wrs: Vec<SendWr> = match self.op {
+            LatOp::Send => vec![SendWr {
+                wr_id: seq,
+                local: self.buf.source.sge(0, size),
+                op: SendOp::Send { imm: None },
+            }],
+            _ if counter_at + 8 <= ONE_DATAGRAM => {
+                self.buf.source.write(counter_at, &seq.to_le_bytes());
+                vec![SendWr {
+                    wr_id: seq,
+                    local: self.buf.source.sge(0, counter_at + 8),
+                    op: SendOp::Write {
+                        remote: self.peer.at(0),
+                    },
+                }]
+            }
+            _ => {
+                self.buf.source.write(counter_at, &seq.to_le_bytes());
+                vec![
+                    SendWr {
+                        wr_id: seq,
+                        local: self.buf.source.sge(0, size),
+                        op: SendOp::Write {
+                            remote: self.peer.at(0),
+                        },
+                    },
+                    SendWr {
+                        wr_id: seq,
+                        local: self.buf.source.sge(counter_at, 8),
+                        op: SendOp::Write {
+                            remote: self.peer.at(counter_at),
+                        },
+                    },
+                ]
+            }
+        };
+        self.link().qp.post_send(&wrs)?;
+        Ok(())
+    }
+
+    /// Busy-polls for message `seq` from the peer (counter word or receive) and checks it.
+    fn wait_message(&mut self, size: usize, seq: u64, i: u64) -> anyhow::Result<()> {
+        let mut watch = Watch::new(self.timeout);
+        let what = || format!("waiting for iteration {i} of the {size}-byte run");
+        let counter_at = align8(size);
+        loop {
+            if self.op == LatOp::Write && self.buf.target.load_u64(counter_at) == seq {
+                break;
+            }
+            match self.link().next()? {
+                Some(wc) if wc.opcode == WcOpcode::Recv => {
+                    if wc.imm == Some(DONE_IMM) {
+                        bail!(
+                            "the peer ended the run early, in iteration {i} of the {size}-byte run"
+                        );
+                    }
+                    self.check_received(&wc, size, seq, i)?;
+                    break;
+                }
+                Some(_) => watch.progressed(),
+                None => watch.check(what)?,
+            }
+        }
+        if self.verify && self.op == LatOp::Write {
+            let mut got = vec![0u8; size];
+            self.buf.target.read(0, &mut got);
+            if let Some(at) = pattern::first_mismatch(seq, size, &got) {
+                bail!("verification failed at byte {at} of iteration {i} ({size}-byte WRITE)");
+            }
+        }
+        Ok(())
+    }
+
+    fn check_received(
+        &mut self,
+        wc: &WorkCompletion,
+        size: usize,
+        seq: u64,
+        i: u64,
+    ) -> anyhow::Result<()> {
+        let slot = wc.wr_id as usize;
+        let slot_len = self.buf.slot_len;
+        let recv = self
+            .buf
+            .recv
+            .as_ref()
+            .expect("send runs have receive slots");
+        if wc.byte_len as usize != size {
+            bail!(
+                "verification failed at byte {} of iteration {i}: received {} bytes, expected {size}",
+                wc.byte_len.min(size as u64),
+                wc.byte_len
+            );
+        }
+        if self.verify {
+            let mut got = vec![0u8; size];
+            recv.read(slot * slot_len, &mut got);
+            // The peer's seq equals ours: both advance it once per iteration.
+            if let Some(at) = pattern::first_mismatch(seq, size, &got) {
+                bail!("verification failed at byte {at} of iteration {i} ({size}-byte SEND)");
+            }
+        }
+        let wr = RecvWr {
+            wr_id: slot as u64,
+            local: recv.sge(slot * slot_len, slot_len),
+        };
+        self.link().qp.post_recv(&[wr])?;
+        Ok(())
+    }
+
+    /// Waits for the completion of this side's request `wr_id`.
+    fn wait_send_completion(&mut self, wr_id: u64, size: usize, i: u64) -> anyhow::Result<()> {
+        let mut watch = Watch::new(self.timeout);
+        loop {
+            match self.link().next()? {
+                Some(wc) if wc.wr_id == wr_id && wc.opcode != WcOpcode::Recv => return Ok(()),
+                Some(_) => watch.progressed(),
+                None => watch.check(|| format!("in iteration {i} of the {size}-byte run"))?,
+            }
+        }
+    }
+
+    /// Client: sends DONE and waits until it is delivered. Server: waits for DONE.
+    fn finish(mut self) -> anyhow::Result<()> {
+        if !self.session.is_server {
+            self.session.send_done(0, [0; session::DONE_WORDS])?;
+            let mut watch = Watch::new(self.timeout);
+            loop {
+                match self.link().next()? {
+                    Some(wc) if wc.wr_id == session::CONTROL && wc.opcode == WcOpcode::Send => {
+                        break;
+                    }
+                    Some(_) => watch.progressed(),
+                    None => watch.check(|| "ending the run".to_string())?,
+                }
+            }
+        } else {
+            // For read and atomic runs the client works alone; its requests keep the
+            // connection alive, and a client that goes away fails it (a flushed receive).
+            loop {
+                match self.link().next()? {
+                    Some(wc) if wc.opcode == WcOpcode::Recv && wc.imm == Some(DONE_IMM) => break,
+                    Some(_) => {}
+                    None if session::interrupted() => return Err(Interrupted.into()),
+                    None => {}
+                }
+            }
+            eprintln!("served one run");
+        }
+        self.session.linger();
+        Ok(())
+    }
+}
+
+/// Progress on stderr for runs longer than a couple of seconds.
+struct Progress {
+    size: usize,
+    total: u64,
+    start: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    fn new(size: usize, total: u64) -> Progress {
+        let now = Instant::now();
+        Progress {
+            size,
+            total,
+            start: now,
+            last: now,
+        }
+    }
+
+    fn tick(&mut self, done: u64) {
+        if done % 64 != 0 {
+            return;
+        }
+        let now = Instant::now();
+        if now - self.start >= Duration::from_secs(2) && now - self.last >= Duration::from_secs(1) {
+            self.last = now;
+            eprintln!("  {} bytes: {done}/{} iterations", self.size, self.total);
+        }
+    }
+}
