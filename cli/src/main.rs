@@ -1,5 +1,6 @@
 //! The `tbrdma` command line: one binary for every front-end tool.
 
+mod coll;
 mod demo;
 mod perf;
 
@@ -25,6 +26,16 @@ enum Command {
     Pingpong(perf::options::PingpongArgs),
     /// Bandwidth between two hosts, like perftest's ib_*_bw; without SERVER, serve one run.
     Bw(perf::options::BwArgs),
+    /// All-reduce sweep across the hostfile's ranks, like nccl-tests' all_reduce_perf.
+    Allreduce(coll::bench::BenchArgs),
+    /// All-gather sweep, like nccl-tests' all_gather_perf.
+    Allgather(coll::bench::BenchArgs),
+    /// Reduce-scatter sweep, like nccl-tests' reduce_scatter_perf.
+    Reducescatter(coll::bench::BenchArgs),
+    /// Broadcast sweep from rank 0, like nccl-tests' broadcast_perf.
+    Broadcast(coll::bench::BenchArgs),
+    /// All-reduce cost of one tensor-parallel decode step, and the tokens/s it allows.
+    TpBench(coll::tp_bench::TpBenchArgs),
     #[command(flatten)]
     Netdev(tbrdma_netdev::cli::NetdevCommand),
 }
@@ -36,6 +47,11 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Devices(args) => perf::devices::run(args).map(|()| ExitCode::SUCCESS),
         Command::Pingpong(args) => Ok(perf::exit_status("pingpong", || perf::pingpong::run(args))),
         Command::Bw(args) => Ok(perf::exit_status("bw", || perf::bw::run(args))),
+        Command::Allreduce(args) => coll::bench::main(coll::bench::Kind::AllReduce, args),
+        Command::Allgather(args) => coll::bench::main(coll::bench::Kind::AllGather, args),
+        Command::Reducescatter(args) => coll::bench::main(coll::bench::Kind::ReduceScatter, args),
+        Command::Broadcast(args) => coll::bench::main(coll::bench::Kind::Broadcast, args),
+        Command::TpBench(args) => coll::tp_bench::run(args).map(|()| ExitCode::SUCCESS),
         Command::Netdev(command) => tbrdma_netdev::cli::run(command).map(|()| ExitCode::SUCCESS),
     }
 }

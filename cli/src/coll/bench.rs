@@ -1,0 +1,403 @@
+//! nccl-tests-style sweeps: `tbrdma allreduce|allgather|reducescatter|broadcast`. Columns
+//! `size count type redop time(us) algbw(GB/s) busbw(GB/s) #wrong`, as nccl-tests prints them;
+//! time is the mean over iterations, the slowest rank's; bus bandwidth applies nccl-tests'
+//! factors (2(N−1)/N for all-reduce, (N−1)/N for all-gather and reduce-scatter, 1 for
+//! broadcast) so that figures compare across rank counts.
+
+use std::time::Instant;
+
+use anyhow::anyhow;
+use clap::Args;
+use serde::Serialize;
+use tbrdma_collectives::check::{count_wrong, expected, input};
+use tbrdma_collectives::{Communicator, DType, ReduceOp};
+
+use super::{CommArgs, parse_size};
+
+/// Which collective a sweep measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// All-reduce.
+    AllReduce,
+    /// All-gather (size: the whole output).
+    AllGather,
+    /// Reduce-scatter (size: the whole input).
+    ReduceScatter,
+    /// Broadcast from rank 0.
+    Broadcast,
+}
+
+/// Options of a sweep.
+#[derive(Debug, Args, Clone)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub comm: CommArgs,
+    /// Smallest size in bytes (K, M, G suffixes).
+    #[arg(short = 'b', long = "minbytes", default_value = "8")]
+    pub min: String,
+    /// Largest size in bytes.
+    #[arg(short = 'e', long = "maxbytes", default_value = "128M")]
+    pub max: String,
+    /// Multiply the size by this factor between steps.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    pub factor: usize,
+    /// Element types: a list (f32,bf16) or `all`.
+    #[arg(short = 'd', long = "datatype", default_value = "f32")]
+    pub dtype: String,
+    /// Reduction operators: a list (sum,max) or `all`.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    pub op: String,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    pub iters: usize,
+    /// Untimed iterations per size first.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    pub warmup: usize,
+    /// Check every iteration's result against a locally computed reference.
+    #[arg(short = 'c', long)]
+    pub check: bool,
+    /// One JSON object per line and size on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// What moves the data (all-reduce only for the baselines): `tbrdma`; `tcp`, a plain TCP
+    /// ring all-reduce as MLX's ring backend does it; `udp-floor`, the one-way latency of a
+    /// busy-polling UDP ping-pong of the message between ranks 0 and 1 (one exchange at the
+    /// kernel's floor).
+    #[arg(long, default_value = "tbrdma")]
+    pub transport: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Row {
+    size: usize,
+    count: usize,
+    #[serde(rename = "type")]
+    dtype: String,
+    redop: String,
+    time_us: f64,
+    algbw_gbs: f64,
+    busbw_gbs: f64,
+    wrong: u64,
+}
+
+fn list<T: std::str::FromStr<Err = String> + Copy>(s: &str, all: &[T]) -> anyhow::Result<Vec<T>> {
+    if s == "all" {
+        return Ok(all.to_vec());
+    }
+    s.split(',')
+        .map(|x| x.trim().parse::<T>().map_err(|e| anyhow!(e)))
+        .collect()
+}
+
+/// The sizes of a sweep.
+fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut s = min.max(1);
+    while s <= max {
+        out.push(s);
+        match s.checked_mul(factor.max(2)) {
+            Some(n) => s = n,
+            None => break,
+        }
+    }
+    out
+}
+
+/// Runs one sweep and prints it (rank 0). Returns the total number of wrong elements.
+pub fn run(kind: Kind, args: BenchArgs) -> anyhow::Result<u64> {
+    let dtypes = list(&args.dtype, &DType::ALL)?;
+    let ops = if kind == Kind::AllReduce || kind == Kind::ReduceScatter {
+        list(&args.op, &ReduceOp::ALL)?
+    } else {
+        vec![ReduceOp::Sum]
+    };
+    if args.transport != "tbrdma" {
+        if kind != Kind::AllReduce {
+            return Err(anyhow!(
+                "--transport {} measures all-reduce only",
+                args.transport
+            ));
+        }
+        return run_baseline(&args, &dtypes, &ops);
+    }
+    let mut comm = args.comm.connect()?;
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let quiet = rank != 0;
+    if !quiet && !args.json {
+        println!(
+            "# tbrdma {kind:?}: {world} ranks, {} topology, {} rails per neighbour, algorithm {}",
+            comm.topology(),
+            comm.rails(),
+            args.comm.algo
+        );
+        header();
+    }
+    let mut total_wrong = 0;
+    for &dtype in &dtypes {
+        for &op in &ops {
+            for size in sizes(parse_size(&args.min)?, parse_size(&args.max)?, args.factor) {
+                let row = measure(&mut comm, kind, dtype, op, size, &args)?;
+                total_wrong += row.wrong;
+                if quiet {
+                    continue;
+                }
+                print_row(&row, args.json)?;
+            }
+        }
+    }
+    Ok(total_wrong)
+}
+
+fn header() {
+    println!(
+        "#{:>11} {:>12} {:>6} {:>6} {:>10} {:>12} {:>12} {:>7}",
+        "size", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"
+    );
+}
+
+fn print_row(row: &Row, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(row)?);
+    } else {
+        println!(
+            "{:>12} {:>12} {:>6} {:>6} {:>10.2} {:>12.3} {:>12.3} {:>7}",
+            row.size,
+            row.count,
+            row.dtype,
+            row.redop,
+            row.time_us,
+            row.algbw_gbs,
+            row.busbw_gbs,
+            row.wrong
+        );
+    }
+    Ok(())
+}
+
+/// The same sweep over a baseline transport (see [`super::baseline`]).
+fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow::Result<u64> {
+    use super::baseline::{RingAddrs, TcpRing, udp_floor};
+    let addrs = RingAddrs::load(args.comm.hostfile.as_ref(), args.comm.rank)?;
+    let (rank, world) = (addrs.rank(), addrs.world());
+    let port = args.comm.port.wrapping_add(900);
+    let timeout = std::time::Duration::from_secs_f64(args.comm.timeout.max(0.01));
+    let min = parse_size(&args.min)?;
+    let max = parse_size(&args.max)?;
+    let mut ring = match args.transport.as_str() {
+        "tcp" => Some(TcpRing::connect(&addrs, port, timeout)?),
+        "udp-floor" => None,
+        other => {
+            return Err(anyhow!(
+                "unknown transport {other:?} (tbrdma, tcp, udp-floor)"
+            ));
+        }
+    };
+    if rank == 0 && !args.json {
+        println!("# baseline {}: {world} ranks", args.transport);
+        header();
+    }
+    let mut total_wrong = 0;
+    for &dtype in dtypes {
+        for &op in ops {
+            for size in sizes(min, max, args.factor) {
+                let es = dtype.size();
+                let count = size / es;
+                let bytes = count * es;
+                let time = match ring.as_mut() {
+                    None => match udp_floor(&addrs, port, bytes, args.iters.max(1))? {
+                        Some(t) => t,
+                        None => continue,
+                    },
+                    Some(ring) => {
+                        let (mut inp, mut want) = (Vec::new(), Vec::new());
+                        input(dtype, op, count, rank, size as u64, &mut inp);
+                        if args.check {
+                            expected(dtype, op, count, world, size as u64, &mut want);
+                        }
+                        let mut buf = inp.clone();
+                        for _ in 0..args.warmup {
+                            buf.copy_from_slice(&inp);
+                            ring.all_reduce(&mut buf, dtype, op)?;
+                        }
+                        let (mut elapsed, mut wrong) = (0f64, 0u64);
+                        for _ in 0..args.iters {
+                            buf.copy_from_slice(&inp);
+                            let start = Instant::now();
+                            ring.all_reduce(&mut buf, dtype, op)?;
+                            elapsed += start.elapsed().as_secs_f64();
+                            if args.check {
+                                wrong += count_wrong(dtype, &buf, &want) as u64;
+                            }
+                        }
+                        total_wrong += wrong;
+                        let mut slowest = (elapsed / args.iters.max(1) as f64).to_le_bytes();
+                        ring.all_reduce(&mut slowest, DType::F64, ReduceOp::Max)?;
+                        f64::from_le_bytes(slowest)
+                    }
+                };
+                if rank != 0 {
+                    continue;
+                }
+                let n = world as f64;
+                let algbw = if time > 0.0 {
+                    bytes as f64 / time / 1e9
+                } else {
+                    0.0
+                };
+                let factor = if ring.is_some() {
+                    2.0 * (n - 1.0) / n
+                } else {
+                    1.0
+                };
+                let row = Row {
+                    size: bytes,
+                    count,
+                    dtype: dtype.name().to_string(),
+                    redop: op.name().to_string(),
+                    time_us: time * 1e6,
+                    algbw_gbs: algbw,
+                    busbw_gbs: algbw * factor,
+                    wrong: total_wrong,
+                };
+                print_row(&row, args.json)?;
+            }
+        }
+    }
+    Ok(total_wrong)
+}
+
+fn measure(
+    comm: &mut Communicator,
+    kind: Kind,
+    dtype: DType,
+    op: ReduceOp,
+    size: usize,
+    args: &BenchArgs,
+) -> anyhow::Result<Row> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let es = dtype.size();
+    // Per-rank element count: all-gather's size is the whole output, as in nccl-tests.
+    let count = match kind {
+        Kind::AllGather => size / es / world,
+        _ => size / es,
+    };
+    let seed = size as u64;
+    let (mut inp, mut want) = (Vec::new(), Vec::new());
+    input(dtype, op, count, rank, seed, &mut inp);
+    let out_len = match kind {
+        Kind::AllGather => count * es * world,
+        Kind::ReduceScatter => comm.reduce_scatter_range(count, rank).len() * es,
+        _ => count * es,
+    };
+    if args.check {
+        match kind {
+            Kind::AllReduce => expected(dtype, op, count, world, seed, &mut want),
+            Kind::ReduceScatter => {
+                expected(dtype, op, count, world, seed, &mut want);
+                let r = comm.reduce_scatter_range(count, rank);
+                want = want[r.start * es..r.end * es].to_vec();
+            }
+            Kind::AllGather => {
+                let mut block = Vec::new();
+                for r in 0..world {
+                    input(dtype, op, count, r, seed, &mut block);
+                    want.extend_from_slice(&block);
+                }
+            }
+            Kind::Broadcast => input(dtype, op, count, 0, seed, &mut want),
+        }
+    }
+    let mut out = vec![0u8; out_len];
+    let once = |comm: &mut Communicator, out: &mut Vec<u8>| -> anyhow::Result<()> {
+        match kind {
+            Kind::AllReduce => comm.all_reduce_bytes(&inp, out, dtype, op)?,
+            Kind::AllGather => comm.all_gather_bytes(&inp, out)?,
+            Kind::ReduceScatter => comm.reduce_scatter_bytes(&inp, out, dtype, op)?,
+            Kind::Broadcast => {
+                if rank == 0 {
+                    out.copy_from_slice(&inp);
+                }
+                comm.broadcast_bytes(out, 0)?
+            }
+        }
+        Ok(())
+    };
+    for _ in 0..args.warmup {
+        once(comm, &mut out)?;
+    }
+    comm.barrier()?;
+    let mut wrong = 0u64;
+    let mut elapsed = 0f64;
+    if args.check {
+        for _ in 0..args.iters {
+            out.fill(0xAA);
+            let start = Instant::now();
+            once(comm, &mut out)?;
+            elapsed += start.elapsed().as_secs_f64();
+            wrong += count_wrong(dtype, &out, &want) as u64;
+        }
+    } else {
+        let start = Instant::now();
+        for _ in 0..args.iters {
+            once(comm, &mut out)?;
+        }
+        elapsed = start.elapsed().as_secs_f64();
+    }
+    let mean = elapsed / args.iters.max(1) as f64;
+    // Every rank reports the slowest rank's time and the sum of wrong elements.
+    let mut slowest = [mean];
+    comm.all_reduce_in_place(&mut slowest, ReduceOp::Max)?;
+    let mut wrong_all = [wrong as i64];
+    comm.all_reduce_in_place(&mut wrong_all, ReduceOp::Sum)?;
+    let time = slowest[0];
+    let bytes = match kind {
+        Kind::AllGather => count * es * world,
+        _ => count * es,
+    };
+    let algbw = if time > 0.0 {
+        bytes as f64 / time / 1e9
+    } else {
+        0.0
+    };
+    let n = world as f64;
+    let factor = match kind {
+        Kind::AllReduce => 2.0 * (n - 1.0) / n,
+        Kind::AllGather | Kind::ReduceScatter => (n - 1.0) / n,
+        Kind::Broadcast => 1.0,
+    };
+    Ok(Row {
+        size: bytes,
+        count,
+        dtype: dtype.name().to_string(),
+        redop: match kind {
+            Kind::AllReduce | Kind::ReduceScatter => op.name().to_string(),
+            _ => "none".to_string(),
+        },
+        time_us: time * 1e6,
+        algbw_gbs: algbw,
+        busbw_gbs: algbw * factor,
+        wrong: wrong_all[0] as u64,
+    })
+}
+
+/// Runs a sweep as a command: fails when any element was wrong.
+pub fn main(kind: Kind, args: BenchArgs) -> anyhow::Result<std::process::ExitCode> {
+    let wrong = run(kind, args)?;
+    if wrong > 0 {
+        eprintln!("{wrong} wrong elements");
+        return Ok(std::process::ExitCode::FAILURE);
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sizes;
+
+    #[test]
+    fn a_sweep_doubles_up_to_the_maximum() {
+        assert_eq!(sizes(8, 64, 2), vec![8, 16, 32, 64]);
+        assert_eq!(sizes(8, 8, 2), vec![8]);
+        assert_eq!(sizes(16, 8, 2), Vec::<usize>::new());
+    }
+}

@@ -1,0 +1,109 @@
+//! The collectives test peer: one rank of a multi-process collectives test, run inside its lab
+//! namespace.
+//!
+//! `tbrdma-coll-peer NETNS key=value…` with keys `hostfile` (path), `rank`, `scenario`
+//! (`suite`: every operation × type × operator × count against the local reference, printing
+//! `passed N`, one `fingerprint …` line per arbitrary-input result and `all checks passed`;
+//! `loop`: all-reduces until one fails, printing `looping` once the first succeeded),
+//! `counts` (comma-separated element counts), `rails` (cables per neighbour to use),
+//! `timeout` (seconds), `engine` (sockets|uring); `rendezvous` (rank 0's ip:port) and `world` meet by rendezvous
+//! instead of reading the hostfile. Exits 0 only when every check passed.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use tbrdma_collectives::check::suite;
+use tbrdma_collectives::{CommOptions, Communicator, ReduceOp};
+
+fn run(args: &HashMap<String, String>) -> anyhow::Result<()> {
+    let get = |k: &str| args.get(k).ok_or_else(|| anyhow!("missing {k}="));
+    let rank: usize = get("rank")?.parse().context("rank")?;
+    let opts = CommOptions {
+        // Small slots: a few thousand elements already pipeline over many chunks.
+        slot_bytes: 4096,
+        slots: 4,
+        one_shot_max: 2048,
+        max_rails: args.get("rails").map_or(Ok(0), |r| r.parse())?,
+        timeout: Duration::from_secs(args.get("timeout").map_or(Ok(20), |t| t.parse())?),
+        engine: args
+            .get("engine")
+            .map_or(Ok(CommOptions::default().engine), |e| e.parse())
+            .map_err(|e: String| anyhow!(e))?,
+        ..CommOptions::default()
+    };
+    let mut comm = match args.get("rendezvous") {
+        Some(addr) => {
+            let world = get("world")?.parse().context("world")?;
+            Communicator::from_rendezvous(addr.parse().context("rendezvous")?, rank, world, opts)?
+        }
+        None => Communicator::from_hostfile(get("hostfile")?.as_ref(), rank, opts)?,
+    };
+    println!(
+        "rank {rank} of {} ({} topology, {} rails)",
+        comm.world_size(),
+        comm.topology(),
+        comm.rails()
+    );
+    match get("scenario")?.as_str() {
+        "suite" => {
+            let counts: Vec<usize> = get("counts")?
+                .split(',')
+                .map(str::parse)
+                .collect::<Result<_, _>>()?;
+            let report = suite(&mut comm, &counts, 42)?;
+            println!("passed {}", report.passed);
+            for f in &report.fingerprints {
+                println!("fingerprint {f}");
+            }
+            for f in &report.failures {
+                println!("WRONG {f}");
+            }
+            if !report.failures.is_empty() {
+                bail!("{} checks failed", report.failures.len());
+            }
+            println!("all checks passed");
+        }
+        "loop" => {
+            let mut buf = vec![1.0f32; 256 << 10];
+            for i in 0..1_000_000u64 {
+                comm.all_reduce_in_place(&mut buf, ReduceOp::Max)?;
+                if i == 0 {
+                    println!("looping");
+                }
+            }
+            bail!("the loop ended without a failure");
+        }
+        other => bail!("unknown scenario {other:?}"),
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let mut argv = std::env::args().skip(1);
+    let Some(netns) = argv.next() else {
+        eprintln!("usage: tbrdma-coll-peer NETNS key=value…");
+        return ExitCode::from(2);
+    };
+    let args: HashMap<String, String> = argv
+        .filter_map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect();
+    if let Err(e) = tbrdma_netdev::netns::enter_current_thread(&netns) {
+        eprintln!("error: entering namespace {netns}: {e}");
+        return ExitCode::from(2);
+    }
+    // Root may raise its own memlock limit; every neighbour's slots are pinned.
+    let inf = nix::sys::resource::RLIM_INFINITY;
+    let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK, inf, inf);
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

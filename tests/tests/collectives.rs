@@ -1,0 +1,165 @@
+//! Collectives between processes, each rank in its own lab namespace joined by veth "cables"
+//! (MTU 65520): 2 ranks over one cable and over two, a 3-rank full mesh and a 4-rank ring run
+//! every operation × type × operator × several counts against a locally computed reference and
+//! must agree bit for bit on arbitrary inputs; a rank killed mid-collective makes the others
+//! fail, naming it, without hanging. Needs root (skips otherwise).
+
+use std::io::{BufRead, BufReader};
+use std::process::Child;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tbrdma_netdev::lab::{LabTopology, hostfile_path};
+use tbrdma_tests::{Lab, finish};
+
+const PEER: &str = env!("CARGO_BIN_EXE_tbrdma-coll-peer");
+
+/// One world of busy-polling processes at a time: the machine may have only 2 cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn spawn_all(lab: &Lab, scenario: &str, extra: &[String]) -> Vec<Child> {
+    let hostfile = hostfile_path(&lab.name);
+    (0..lab.hostfile.ranks.len())
+        .map(|rank| {
+            let mut args = vec![
+                format!("hostfile={}", hostfile.display()),
+                format!("rank={rank}"),
+                format!("scenario={scenario}"),
+            ];
+            args.extend(extra.iter().cloned());
+            lab.spawn_peer(PEER, rank, &args)
+        })
+        .collect()
+}
+
+fn check_suite(tag: &str, ranks: usize, topology: LabTopology, rails: u32, engine: &str) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up(tag, ranks, topology, rails) else {
+        return;
+    };
+    let children = spawn_all(
+        &lab,
+        "suite",
+        &["counts=0,1,7,3001".to_string(), format!("engine={engine}")],
+    );
+    let outputs: Vec<_> = children.into_iter().map(finish).collect();
+    let report = |r: usize| format!("rank {r}:\n{}\n{}", outputs[r].1, outputs[r].2);
+    let fingerprints = |out: &str| {
+        out.lines()
+            .filter(|l| l.starts_with("fingerprint "))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    for (r, (ok, out, _)) in outputs.iter().enumerate() {
+        assert!(*ok, "{}", report(r));
+        assert!(out.contains("all checks passed"), "{}", report(r));
+        assert!(
+            out.contains(&format!("{rails} rails")),
+            "expected {rails} rails: {}",
+            report(r)
+        );
+        let fp = fingerprints(out);
+        assert!(!fp.is_empty(), "{}", report(r));
+        assert_eq!(
+            fp,
+            fingerprints(&outputs[0].1),
+            "rank {r} disagrees with rank 0"
+        );
+    }
+}
+
+#[test]
+fn two_ranks_over_one_cable() {
+    check_suite("c2", 2, LabTopology::Pair, 1, "sockets");
+}
+
+#[test]
+fn two_ranks_over_two_cables() {
+    // The io_uring engine here, the default sockets engine elsewhere.
+    check_suite("c2r", 2, LabTopology::Pair, 2, "uring");
+}
+
+#[test]
+fn three_ranks_in_a_full_mesh() {
+    check_suite("c3m", 3, LabTopology::Mesh, 1, "sockets");
+}
+
+#[test]
+fn four_ranks_in_a_ring() {
+    check_suite("c4r", 4, LabTopology::Ring, 1, "sockets");
+}
+
+#[test]
+fn three_ranks_meet_by_rendezvous_without_a_hostfile() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("crv", 3, LabTopology::Mesh, 1) else {
+        return;
+    };
+    // Each rank reaches rank 0 over its own cable to it, as PyTorch's MASTER_ADDR would over a
+    // management network.
+    let children: Vec<Child> = (0..3)
+        .map(|rank| {
+            let to = if rank == 0 { 1 } else { rank };
+            let args = vec![
+                format!("rendezvous={}:29511", lab.address(0, to, 0)),
+                format!("world=3"),
+                format!("rank={rank}"),
+                "scenario=suite".to_string(),
+                "counts=3001".to_string(),
+            ];
+            lab.spawn_peer(PEER, rank, &args)
+        })
+        .collect();
+    for (rank, (ok, out, err)) in children.into_iter().map(finish).enumerate() {
+        assert!(ok, "rank {rank}:\n{out}\n{err}");
+        assert!(out.contains("mesh topology"), "rank {rank}:\n{out}");
+        assert!(out.contains("all checks passed"), "rank {rank}:\n{out}");
+    }
+}
+
+/// Waits for `child` up to `deadline`; kills it and returns None if it is still running.
+fn wait_until(mut child: Child, deadline: Instant) -> Option<(bool, String, String)> {
+    loop {
+        match child.try_wait().expect("try_wait") {
+            Some(_) => return Some(finish(child)),
+            None if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            None => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+#[test]
+fn a_rank_killed_mid_collective_is_named_by_every_other_rank() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("ck", 4, LabTopology::Ring, 1) else {
+        return;
+    };
+    let victim = 2;
+    let mut children = spawn_all(&lab, "loop", &["timeout=4".to_string()]);
+    let stdout = children[victim].stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let started = lines.any(|l| l.is_ok_and(|l| l == "looping"));
+    assert!(started, "rank {victim} never completed an all-reduce");
+    children[victim].kill().expect("kill the victim");
+    let _ = children[victim].wait();
+    // The others must fail on their own: the retransmission budget (half the 4 s collective
+    // timeout) and the timeout itself bound it; 40 s means a hang.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    for (rank, child) in children.into_iter().enumerate() {
+        if rank == victim {
+            continue;
+        }
+        let (ok, out, err) = wait_until(child, deadline)
+            .unwrap_or_else(|| panic!("rank {rank} hung after rank {victim} was killed"));
+        assert!(!ok, "rank {rank} succeeded?\n{out}\n{err}");
+        eprintln!("rank {rank}: {}", err.trim());
+        assert!(
+            err.contains(&format!("rank {victim} failed")),
+            "rank {rank} does not name rank {victim}:\n{out}\n{err}"
+        );
+    }
+}

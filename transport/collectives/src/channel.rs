@@ -1,0 +1,278 @@
+//! A channel: the connection to one neighbour rank and the pre-registered slots on both sides.
+//!
+//! Data moves as WRITE_WITH_IMM from a slot of the local outbox into the same slot of the
+//! peer's inbox; the immediate says what the message is. The receiver hands slots back in
+//! batches (a zero-length WRITE_WITH_IMM carrying a count), so a sender never overwrites a slot
+//! the peer has not read. Messages are consumed in the order they were sent (completions are in
+//! order), so the slot of a message is its sequence number modulo the slot count.
+//!
+//! This module registers memory only when a channel is built; it never blocks: callers poll and
+//! decide how to wait.
+
+use std::collections::VecDeque;
+
+use tbrdma_verbs::{
+    Completion, CompletionQueue, MemoryRegion, QueuePair, RecvWr, RemoteAddr, SendOp, SendWr,
+    WcOpcode, WcStatus,
+};
+
+/// Immediate layout: two kind bits, then 24 bits of payload.
+const KIND_SHIFT: u32 = 30;
+const PAYLOAD: u32 = (1 << 24) - 1;
+const KIND_DATA: u32 = 0;
+const KIND_CREDIT: u32 = 1;
+const KIND_ABORT: u32 = 2;
+/// Abort payload meaning "the sender itself gave up" rather than naming another rank.
+pub(crate) const ABORT_SELF: u32 = PAYLOAD;
+/// `wr_id` bit of control messages (credits, aborts), whose completions are not data.
+const CONTROL: u64 = 1 << 63;
+
+/// Why a channel cannot go on.
+#[derive(Debug)]
+pub(crate) enum Fault {
+    /// A completion failed or the protocol was broken: the peer is gone or misbehaving.
+    Failed(String),
+    /// The peer reports that a rank (or, with [`ABORT_SELF`], the peer itself) failed.
+    Abort(u32),
+}
+
+/// The connection to one neighbour.
+#[derive(Debug)]
+pub(crate) struct Channel {
+    /// The neighbour's rank.
+    pub peer: usize,
+    qp: QueuePair,
+    cq: CompletionQueue,
+    inbox: MemoryRegion,
+    outbox: MemoryRegion,
+    remote: RemoteAddr,
+    slots: u64,
+    slot_bytes: usize,
+    credit_batch: u64,
+    /// Data messages posted.
+    sent: u64,
+    /// Data messages whose WRITE completed (their outbox slot is free again).
+    send_done: u64,
+    /// Inbox slots the peer has handed back.
+    credits: u64,
+    /// Lengths of messages that arrived and are not consumed yet, oldest first.
+    arrived: VecDeque<usize>,
+    arrived_total: u64,
+    consumed: u64,
+    /// Consumed slots already handed back to the peer.
+    credited: u64,
+    control_posted: u64,
+    control_done: u64,
+    /// The connection ended; messages that arrived before stay readable.
+    closed: bool,
+    wcs: Vec<Completion>,
+}
+
+impl Channel {
+    /// Wraps a connected queue pair; posts the receives that immediates consume.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        peer: usize,
+        qp: QueuePair,
+        cq: CompletionQueue,
+        inbox: MemoryRegion,
+        outbox: MemoryRegion,
+        remote: RemoteAddr,
+        slots: usize,
+        slot_bytes: usize,
+    ) -> tbrdma_verbs::Result<Channel> {
+        // At most `slots` data messages and as many credit messages can be unconsumed at once,
+        // plus an abort; twice that leaves slack for receives re-posted late.
+        let recv_depth = 2 * slots + 8;
+        let ch = Channel {
+            peer,
+            qp,
+            cq,
+            inbox,
+            outbox,
+            remote,
+            slots: slots as u64,
+            slot_bytes,
+            credit_batch: (slots as u64 / 2).max(1),
+            sent: 0,
+            send_done: 0,
+            credits: 0,
+            arrived: VecDeque::with_capacity(slots),
+            arrived_total: 0,
+            consumed: 0,
+            credited: 0,
+            control_posted: 0,
+            control_done: 0,
+            closed: false,
+            wcs: vec![Completion::default(); 64],
+        };
+        ch.post_recvs(recv_depth)?;
+        Ok(ch)
+    }
+
+    fn post_recvs(&self, n: usize) -> tbrdma_verbs::Result<()> {
+        let wrs: Vec<RecvWr> = (0..n)
+            .map(|_| RecvWr {
+                wr_id: 0,
+                local: self.inbox.sge(0, 0),
+            })
+            .collect();
+        self.qp.post_recv(&wrs)
+    }
+
+    /// Moves completions into the channel's counters. Returns whether anything happened.
+    pub fn poll(&mut self) -> Result<bool, Fault> {
+        let n = self
+            .cq
+            .poll(&mut self.wcs)
+            .map_err(|e| Fault::Failed(e.to_string()))?;
+        let mut reposts = 0;
+        for c in &self.wcs[..n] {
+            let wc = c.wc;
+            let is_recv = matches!(wc.opcode, WcOpcode::RecvRdmaWithImm | WcOpcode::Recv);
+            if is_recv && wc.status == WcStatus::Flushed {
+                // The peer closed (or the link failed): harmless if nothing more is needed
+                // from it, which only the schedule knows; see `closed`.
+                self.closed = true;
+                continue;
+            }
+            if wc.status != WcStatus::Success {
+                return Err(Fault::Failed(format!(
+                    "a {:?} completed with {:?}",
+                    wc.opcode, wc.status
+                )));
+            }
+            match wc.opcode {
+                WcOpcode::RecvRdmaWithImm | WcOpcode::Recv => {
+                    reposts += 1;
+                    let imm = wc.imm.unwrap_or(u32::MAX);
+                    let payload = imm & PAYLOAD;
+                    match imm >> KIND_SHIFT {
+                        KIND_DATA => {
+                            let expect = (self.arrived_total & u64::from(PAYLOAD)) as u32;
+                            if payload != expect || wc.byte_len as usize > self.slot_bytes {
+                                return Err(Fault::Failed(format!(
+                                    "protocol error: message {payload} of {} bytes where message {expect} was due",
+                                    wc.byte_len
+                                )));
+                            }
+                            self.arrived.push_back(wc.byte_len as usize);
+                            self.arrived_total += 1;
+                        }
+                        KIND_CREDIT => self.credits += u64::from(payload),
+                        KIND_ABORT => return Err(Fault::Abort(payload)),
+                        _ => {
+                            return Err(Fault::Failed(format!(
+                                "protocol error: unknown immediate {imm:#x}"
+                            )));
+                        }
+                    }
+                }
+                _ => {
+                    if wc.wr_id & CONTROL == 0 {
+                        self.send_done += 1;
+                    } else {
+                        self.control_done += 1;
+                    }
+                }
+            }
+        }
+        if reposts > 0 && !self.closed {
+            self.post_recvs(reposts)
+                .map_err(|e| Fault::Failed(format!("re-posting receives: {e}")))?;
+        }
+        Ok(n > 0)
+    }
+
+    /// Whether a data message may be posted now (a free slot on both sides).
+    pub fn can_send(&self) -> bool {
+        self.sent - self.credits < self.slots && self.sent - self.send_done < self.slots
+    }
+
+    /// Posts `data` (at most a slot) as the next message. Call only when [`Self::can_send`].
+    pub fn send(&mut self, data: &[u8]) -> Result<(), Fault> {
+        debug_assert!(self.can_send() && data.len() <= self.slot_bytes);
+        let at = (self.sent % self.slots) as usize * self.slot_bytes;
+        if !data.is_empty() {
+            self.outbox.write(at, data);
+        }
+        self.post_write(
+            self.sent,
+            at,
+            data.len(),
+            (KIND_DATA << KIND_SHIFT) | (self.sent & u64::from(PAYLOAD)) as u32,
+        )?;
+        self.sent += 1;
+        Ok(())
+    }
+
+    fn post_write(&self, wr_id: u64, at: usize, len: usize, imm: u32) -> Result<(), Fault> {
+        self.qp
+            .post_send(&[SendWr {
+                wr_id,
+                local: self.outbox.sge(at, len),
+                op: SendOp::WriteWithImm {
+                    remote: RemoteAddr {
+                        addr: self.remote.addr + at as u64,
+                        rkey: self.remote.rkey,
+                    },
+                    imm,
+                },
+            }])
+            .map_err(|e| Fault::Failed(format!("posting a write: {e}")))
+    }
+
+    /// Length of the oldest unconsumed message, if one arrived.
+    pub fn peek(&self) -> Option<usize> {
+        self.arrived.front().copied()
+    }
+
+    /// Copies the oldest message into `out` (which must have its length) and frees its slot.
+    pub fn consume(&mut self, out: &mut [u8]) -> Result<(), Fault> {
+        let len = self.arrived.pop_front().unwrap_or(usize::MAX);
+        if len != out.len() {
+            return Err(Fault::Failed(format!(
+                "protocol error: expected a message of {} bytes, got {len} (are all ranks running the same collective with the same count?)",
+                out.len()
+            )));
+        }
+        let at = (self.consumed % self.slots) as usize * self.slot_bytes;
+        if len > 0 {
+            self.inbox.read(at, out);
+        }
+        self.consumed += 1;
+        let owed = self.consumed - self.credited;
+        if owed >= self.credit_batch {
+            self.control_posted += 1;
+            self.post_write(
+                CONTROL | self.control_posted,
+                0,
+                0,
+                (KIND_CREDIT << KIND_SHIFT) | owed as u32,
+            )?;
+            self.credited = self.consumed;
+        }
+        Ok(())
+    }
+
+    /// Whether the connection ended (the peer closed it, or it failed with receives posted).
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Whether every posted write has completed (the peer has all of it).
+    pub fn is_flushed(&self) -> bool {
+        self.send_done == self.sent && self.control_done == self.control_posted
+    }
+
+    /// Tells the peer that `failed` (a rank, or [`ABORT_SELF`]) failed; best effort.
+    pub fn abort(&mut self, failed: u32) {
+        self.control_posted += 1;
+        let _ = self.post_write(
+            CONTROL | self.control_posted,
+            0,
+            0,
+            (KIND_ABORT << KIND_SHIFT) | (failed & PAYLOAD),
+        );
+    }
+}

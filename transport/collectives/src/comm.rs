@@ -1,0 +1,529 @@
+//! The communicator: N ranks, one channel per cabled neighbour, built from a hostfile.
+//!
+//! Owns connection setup (deterministic order: a rank connects to every lower-ranked neighbour,
+//! in rank order, then accepts every higher-ranked one, so no two ranks wait on each other), the
+//! configuration check, and the wait loop every collective runs in: poll every channel, try
+//! the next step, spin a while, then yield the core. It never computes a reduction itself.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tbrdma_netdev::hostfile::{Hostfile, TopologyKind};
+use tbrdma_verbs::{
+    Access, Config, Connected, Device, DeviceConfig, EngineConfig, Listener, QpOptions, VerbsError,
+    connect,
+};
+
+use crate::channel::{ABORT_SELF, Channel, Fault};
+use crate::config::{
+    Algorithm, CommOptions, Digest, PROTOCOL_VERSION, algorithm_code, build_hash, dtype_mask,
+};
+use crate::error::{CollError, Result};
+
+/// Reusable buffers, so collectives allocate nothing once warmed up.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    /// One chunk per rank (index = rank).
+    pub chunks: Vec<Vec<u8>>,
+    /// f32 accumulator for 16-bit floats.
+    pub wide: Vec<f32>,
+    /// One received chunk (ring steps).
+    pub staging: Vec<u8>,
+    /// A typed call's bytes, or a non-root's reduce output.
+    pub typed: Vec<u8>,
+}
+
+/// What a step of a collective is doing after one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Finished.
+    Done,
+    /// Moved something; try again at once.
+    Progressed,
+    /// Nothing possible until rank `.0` does something.
+    WaitingOn(usize),
+}
+
+/// A group of ranks that run collectives together.
+#[derive(Debug)]
+pub struct Communicator {
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) topology: TopologyKind,
+    pub(crate) rails: usize,
+    pub(crate) opts: CommOptions,
+    /// Indexed by peer rank; `None` where no cable joins the two (and for this rank).
+    pub(crate) chans: Vec<Option<Channel>>,
+    pub(crate) scratch: Scratch,
+    poisoned: Option<String>,
+}
+
+fn bad(problem: impl Into<String>, fix: impl Into<String>) -> CollError {
+    CollError::BadConfig {
+        problem: problem.into(),
+        fix: fix.into(),
+    }
+}
+
+impl Communicator {
+    /// Builds the communicator for `rank` from the hostfile at `path`.
+    pub fn from_hostfile(path: &Path, rank: usize, opts: CommOptions) -> Result<Communicator> {
+        let hostfile = Hostfile::load(path).map_err(|e| {
+            bad(
+                e.to_string(),
+                "generate it with `tbrdma hostfile` or `tbrdma lab up`",
+            )
+        })?;
+        Communicator::new(&hostfile, rank, opts)
+    }
+
+    /// Builds the communicator from the environment: `TBRDMA_HOSTFILE` and `TBRDMA_RANK` (what
+    /// `tbrdma lab exec` sets) or, without a hostfile, a rendezvous at `TBRDMA_ADDR`
+    /// (rank 0's `ip:port`) with `TBRDMA_RANK` and `TBRDMA_WORLD_SIZE`, as PyTorch does.
+    pub fn from_env(opts: CommOptions) -> Result<Communicator> {
+        let var = |name: &str| std::env::var(name).ok();
+        let rank = var("TBRDMA_RANK")
+            .and_then(|r| r.parse().ok())
+            .ok_or_else(|| {
+                bad(
+                    "TBRDMA_RANK is not set to a rank number",
+                    "set it to this host's rank",
+                )
+            })?;
+        if let Some(path) = var("TBRDMA_HOSTFILE") {
+            return Communicator::from_hostfile(Path::new(&path), rank, opts);
+        }
+        let Some(addr) = var("TBRDMA_ADDR") else {
+            return Err(bad(
+                "neither TBRDMA_HOSTFILE nor TBRDMA_ADDR is set",
+                "point TBRDMA_HOSTFILE at the cluster's hostfile, or set TBRDMA_ADDR (rank 0's ip:port) and TBRDMA_WORLD_SIZE",
+            ));
+        };
+        let addr: SocketAddr = addr.parse().map_err(|_| {
+            bad(
+                format!("TBRDMA_ADDR={addr:?} is not an ip:port"),
+                "give rank 0's address and a free port, e.g. 169.254.10.1:29500",
+            )
+        })?;
+        let world = var("TBRDMA_WORLD_SIZE")
+            .and_then(|w| w.parse().ok())
+            .ok_or_else(|| {
+                bad(
+                    "TBRDMA_WORLD_SIZE is not set to a number",
+                    "set it to the number of ranks",
+                )
+            })?;
+        Communicator::from_rendezvous(addr, rank, world, opts)
+    }
+
+    /// Builds the communicator after a rendezvous at rank 0's `addr`: the ranks swap their
+    /// cable addresses and rank 0 derives the hostfile (see the `rendezvous` module).
+    pub fn from_rendezvous(
+        addr: SocketAddr,
+        rank: usize,
+        world: usize,
+        opts: CommOptions,
+    ) -> Result<Communicator> {
+        let hostfile = crate::rendezvous::rendezvous(addr, rank, world, opts.timeout)?;
+        Communicator::new(&hostfile, rank, opts)
+    }
+
+    /// Builds the communicator for `rank` of `hostfile`: opens one device per neighbour (with
+    /// every cable to it as rails), registers the slots, connects, and checks that every
+    /// neighbour has the same configuration.
+    pub fn new(hostfile: &Hostfile, rank: usize, opts: CommOptions) -> Result<Communicator> {
+        let world = hostfile.ranks.len();
+        if rank >= world {
+            return Err(bad(
+                format!("rank {rank} is not in the hostfile (it lists {world} ranks)"),
+                "ranks count from 0",
+            ));
+        }
+        if opts.slots < 2 || opts.slot_bytes < 64 || opts.slot_bytes > u32::MAX as usize {
+            return Err(bad(
+                format!("{} slots of {} bytes", opts.slots, opts.slot_bytes),
+                "use at least 2 slots of at least 64 bytes",
+            ));
+        }
+        let max_rails = if opts.max_rails == 0 {
+            usize::MAX
+        } else {
+            opts.max_rails
+        };
+        let rails = (hostfile.topology.rails.max(1) as usize).min(max_rails);
+        let mut comm = Communicator {
+            rank,
+            world,
+            topology: hostfile.topology.kind,
+            rails,
+            opts: opts.clone(),
+            chans: (0..world).map(|_| None).collect(),
+            scratch: Scratch {
+                chunks: vec![Vec::new(); world],
+                ..Scratch::default()
+            },
+            poisoned: None,
+        };
+        let me = &hostfile.ranks[rank];
+        let mut neighbours: Vec<usize> = me.links.iter().map(|l| l.peer).collect();
+        neighbours.sort_unstable();
+        neighbours.dedup();
+        struct Pending {
+            peer: usize,
+            device: Device,
+            pd: tbrdma_verbs::ProtectionDomain,
+            cq: tbrdma_verbs::CompletionQueue,
+            inbox: tbrdma_verbs::MemoryRegion,
+            outbox: tbrdma_verbs::MemoryRegion,
+            target: SocketAddr,
+            listener: Option<Listener>,
+        }
+        let mut pending = Vec::new();
+        for &peer in &neighbours {
+            if peer >= world || peer == rank {
+                return Err(bad(
+                    format!("rank {rank}'s hostfile entry lists a cable to rank {peer}"),
+                    "regenerate the hostfile",
+                ));
+            }
+            let mut links: Vec<_> = me.links.iter().filter(|l| l.peer == peer).collect();
+            links.sort_by_key(|l| l.rail);
+            links.truncate(rails);
+            let ips: Vec<String> = links.iter().map(|l| l.address.to_string()).collect();
+            let names: Vec<&str> = ips.iter().map(String::as_str).collect();
+            let engine = EngineConfig {
+                engine: opts.engine,
+                progress: opts.progress,
+                ..EngineConfig::default()
+            };
+            let connect_err = |source| CollError::Connect {
+                rank: peer,
+                local: rank,
+                source,
+            };
+            let device = Device::open_rails(&names, DeviceConfig { engine, port: 0 })
+                .map_err(connect_err)?;
+            let pd = device.alloc_pd();
+            let cq = device.create_cq(8 * opts.slots + 256);
+            let bytes = opts.slots * opts.slot_bytes;
+            let inbox = pd.alloc_mr(bytes, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+            let outbox = pd.alloc_mr(bytes, Access::LOCAL_WRITE)?;
+            let (lo, hi) = (rank.min(peer), rank.max(peer));
+            let port = pair_port(&opts, world, lo, hi).ok_or_else(|| {
+                bad(
+                    format!(
+                        "port base {} leaves no port for ranks {lo} and {hi}",
+                        opts.port_base
+                    ),
+                    "choose a lower port base",
+                )
+            })?;
+            let listener = if peer > rank {
+                let at = SocketAddr::new(IpAddr::V4(links[0].address), port);
+                Some(Listener::bind_addr(&device, at).map_err(connect_err)?)
+            } else {
+                None
+            };
+            pending.push(Pending {
+                peer,
+                device,
+                pd,
+                cq,
+                inbox,
+                outbox,
+                target: SocketAddr::new(IpAddr::V4(links[0].peer_address), port),
+                listener,
+            });
+        }
+        let deadline = Instant::now() + opts.timeout;
+        // Lower-ranked neighbours first (they are already accepting), then the higher ones.
+        for p in pending {
+            let digest = comm.digest(&p.inbox);
+            let qp_opts = QpOptions {
+                config: link_config(&opts),
+                private_data: digest.encode(),
+                timeout: opts.timeout,
+            };
+            let connected = match &p.listener {
+                Some(listener) => {
+                    let wait = deadline.saturating_duration_since(Instant::now());
+                    listener.accept(&p.pd, &p.cq, &p.cq, &qp_opts, Some(wait))
+                }
+                None => connect_retrying(&p.pd, p.target, &p.cq, &qp_opts, deadline),
+            }
+            .map_err(|source| CollError::Connect {
+                rank: p.peer,
+                local: rank,
+                source,
+            })?;
+            let Connected {
+                qp,
+                peer_private_data,
+                ..
+            } = connected;
+            let theirs = Digest::decode(&peer_private_data, p.peer, rank)?;
+            digest.check(&theirs, p.peer)?;
+            drop(p.device);
+            comm.chans[p.peer] = Some(Channel::new(
+                p.peer,
+                qp,
+                p.cq,
+                p.inbox,
+                p.outbox,
+                theirs.inbox,
+                opts.slots,
+                opts.slot_bytes,
+            )?);
+        }
+        Ok(comm)
+    }
+
+    fn digest(&self, inbox: &tbrdma_verbs::MemoryRegion) -> Digest {
+        Digest {
+            version: PROTOCOL_VERSION,
+            rank: self.rank as u32,
+            world: self.world as u32,
+            topology: self.topology,
+            rails: self.rails as u32,
+            dtypes: dtype_mask(),
+            slot_bytes: self.opts.slot_bytes as u32,
+            slots: self.opts.slots as u32,
+            one_shot_max: self.opts.one_shot_max.min(u32::MAX as usize) as u32,
+            algorithm: algorithm_code(self.opts.algorithm),
+            inbox: inbox.remote(0),
+            build: build_hash(),
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The cluster's shape.
+    pub fn topology(&self) -> TopologyKind {
+        self.topology
+    }
+
+    /// Cables used per neighbour.
+    pub fn rails(&self) -> usize {
+        self.rails
+    }
+
+    /// The options it was built with.
+    pub fn options(&self) -> &CommOptions {
+        &self.opts
+    }
+
+    /// Changes the algorithm (for tools that compare them). Every rank must do the same.
+    pub fn set_algorithm(&mut self, algorithm: Algorithm) {
+        self.opts.algorithm = algorithm;
+    }
+
+    /// Whether a cable joins this rank and `peer`.
+    pub fn is_neighbour(&self, peer: usize) -> bool {
+        self.chans.get(peer).is_some_and(Option::is_some)
+    }
+
+    /// Whether every rank is a neighbour (a pair or a full mesh).
+    pub fn fully_connected(&self) -> bool {
+        (0..self.world).all(|p| p == self.rank || self.is_neighbour(p))
+    }
+
+    /// Whether rank k+1 and k−1 are neighbours of every rank k (checked locally).
+    pub fn has_ring(&self) -> bool {
+        let next = (self.rank + 1) % self.world;
+        let prev = (self.rank + self.world - 1) % self.world;
+        self.world == 1 || (self.is_neighbour(next) && self.is_neighbour(prev))
+    }
+
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(why) => Err(CollError::Poisoned(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `step` until it is done, polling every channel in between. Spins `opts.spin`
+    /// idle rounds, then yields the core each round. Fails when a channel fails or when
+    /// nothing moved for `opts.timeout`; then tells every neighbour, so that ranks waiting on
+    /// this one fail too and name the rank that failed first.
+    pub(crate) fn drive(
+        &mut self,
+        op: &'static str,
+        mut step: impl FnMut(&mut [Option<Channel>], &mut Scratch) -> Result<Step, Fault>,
+    ) -> Result<()> {
+        let mut last_progress = Instant::now();
+        let mut idle: u32 = 0;
+        loop {
+            let mut moved = false;
+            let mut fault = None;
+            for ch in self.chans.iter_mut().flatten() {
+                match ch.poll() {
+                    Ok(m) => moved |= m,
+                    Err(f) => {
+                        fault = Some((ch.peer, f));
+                        break;
+                    }
+                }
+            }
+            if fault.is_none() {
+                match step(&mut self.chans, &mut self.scratch) {
+                    Ok(Step::Done) => return Ok(()),
+                    Ok(Step::Progressed) => moved = true,
+                    Ok(Step::WaitingOn(peer))
+                        if self.chans[peer].as_ref().is_some_and(Channel::is_closed) =>
+                    {
+                        fault = Some((
+                            peer,
+                            Fault::Failed("its connection closed (the process ended?)".into()),
+                        ));
+                    }
+                    Ok(Step::WaitingOn(peer)) => {
+                        if moved {
+                            idle = 0;
+                            last_progress = Instant::now();
+                        } else {
+                            idle = idle.saturating_add(1);
+                            if idle > self.opts.spin {
+                                std::thread::yield_now();
+                            }
+                            if idle % 256 == 0 && last_progress.elapsed() >= self.opts.timeout {
+                                let err = CollError::Timeout {
+                                    rank: peer,
+                                    op,
+                                    after: self.opts.timeout,
+                                };
+                                return Err(self.fail(err, ABORT_SELF));
+                            }
+                        }
+                        continue;
+                    }
+                    Err(f) => fault = Some((usize::MAX, f)),
+                }
+            }
+            match fault {
+                None => {
+                    if moved {
+                        idle = 0;
+                        last_progress = Instant::now();
+                    }
+                }
+                Some((peer, f)) => {
+                    let (failed, detail) = match f {
+                        Fault::Failed(detail) if peer == usize::MAX => (self.rank, detail),
+                        Fault::Failed(detail) => (peer, detail),
+                        Fault::Abort(ABORT_SELF) => {
+                            (peer, "it gave up and told its neighbours".to_string())
+                        }
+                        Fault::Abort(r) => (r as usize, format!("reported by rank {peer}")),
+                    };
+                    let err = CollError::RankFailed {
+                        rank: failed,
+                        op,
+                        detail,
+                    };
+                    let notice = if failed == self.rank {
+                        ABORT_SELF
+                    } else {
+                        failed as u32
+                    };
+                    return Err(self.fail(err, notice));
+                }
+            }
+        }
+    }
+
+    /// Poisons the communicator and tells every neighbour which rank failed, then drives the
+    /// engines briefly so the notices leave.
+    fn fail(&mut self, err: CollError, failed: u32) -> CollError {
+        self.poisoned = Some(err.to_string());
+        for ch in self.chans.iter_mut().flatten() {
+            if ch.peer as u32 != failed {
+                ch.abort(failed);
+            }
+        }
+        let until = Instant::now() + Duration::from_millis(20);
+        while Instant::now() < until {
+            for ch in self.chans.iter_mut().flatten() {
+                let _ = ch.poll();
+            }
+            std::thread::yield_now();
+        }
+        err
+    }
+}
+
+impl Drop for Communicator {
+    /// Waits (bounded) until the peers have every write this rank posted: the last collective
+    /// can return before its final writes are acknowledged, and closing the queue pairs then
+    /// would flush them and fail the peers' copy of that collective.
+    fn drop(&mut self) {
+        if self.poisoned.is_some() {
+            return;
+        }
+        let until = Instant::now() + self.opts.timeout.min(Duration::from_secs(2));
+        while Instant::now() < until {
+            let mut flushed = true;
+            for ch in self.chans.iter_mut().flatten() {
+                if ch.poll().is_err() || ch.is_closed() {
+                    continue;
+                }
+                flushed &= ch.is_flushed();
+            }
+            if flushed {
+                break;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// The protocol settings of a collectives connection. With caller progress a rank answers
+/// nothing while it computes between collectives, so the idle timeout is stretched to the
+/// collective timeout and the retransmission budget to half of it: a rank may stay away that
+/// long without its neighbours declaring it dead. Half, so that a dead rank's neighbours that
+/// were writing to it fail, and tell the others who failed, before anyone's own timeout fires
+/// (which could only name the rank it waits on).
+fn link_config(opts: &CommOptions) -> Config {
+    let mut config = Config {
+        idle_timeout: opts.timeout.max(Duration::from_secs(3)),
+        max_rto: Config::default().max_rto.max(Duration::from_millis(500)),
+        ..Config::default()
+    };
+    while config.retry_budget() < opts.timeout / 2 && config.max_retries < 10_000 {
+        config.max_retries += 1;
+    }
+    config
+}
+
+fn pair_port(opts: &CommOptions, world: usize, lo: usize, hi: usize) -> Option<u16> {
+    let offset = lo.checked_mul(world)?.checked_add(hi)?;
+    u16::try_from(usize::from(opts.port_base).checked_add(offset)?).ok()
+}
+
+/// Connects, retrying while the peer has not started listening yet.
+fn connect_retrying(
+    pd: &tbrdma_verbs::ProtectionDomain,
+    target: SocketAddr,
+    cq: &tbrdma_verbs::CompletionQueue,
+    opts: &QpOptions,
+    deadline: Instant,
+) -> tbrdma_verbs::Result<Connected> {
+    loop {
+        match connect(pd, target, cq, cq, opts) {
+            Err(VerbsError::PeerNotListening { .. } | VerbsError::Unreachable { .. })
+                if Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}

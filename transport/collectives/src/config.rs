@@ -1,0 +1,326 @@
+//! Communicator options and the configuration digest every rank sends its neighbours during
+//! setup (as connection private data), so that ranks started with different hostfiles, options
+//! or versions fail at once with the difference spelled out instead of corrupting data later.
+
+use std::time::Duration;
+
+use tbrdma_netdev::hostfile::TopologyKind;
+use tbrdma_verbs::{EngineKind, Progress, RemoteAddr};
+
+use crate::dtype::DType;
+use crate::error::{CollError, Result};
+
+/// Which all-reduce algorithm to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Choose by size and topology (see `docs/collectives.md`).
+    Auto,
+    /// Every rank writes its input to every peer; each reduces locally in rank order. Needs a
+    /// cable between every two ranks (a pair or a mesh).
+    OneShot,
+    /// Reduce-scatter then all-gather around the ring 0 → 1 → … → N−1 → 0, pipelined in slots.
+    Ring,
+}
+
+impl std::str::FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Algorithm::Auto),
+            "oneshot" | "one-shot" => Ok(Algorithm::OneShot),
+            "ring" => Ok(Algorithm::Ring),
+            _ => Err(format!("unknown algorithm {s:?} (auto, oneshot, ring)")),
+        }
+    }
+}
+
+/// How to build a communicator.
+#[derive(Clone, Debug)]
+pub struct CommOptions {
+    /// All-reduce algorithm ([`Algorithm::Auto`]: by size and topology).
+    pub algorithm: Algorithm,
+    /// Messages up to this many bytes use one-shot under [`Algorithm::Auto`] where the topology
+    /// allows it.
+    pub one_shot_max: usize,
+    /// Bytes per pre-registered slot: the pipelining unit.
+    pub slot_bytes: usize,
+    /// Slots per neighbour and direction (at least 2).
+    pub slots: usize,
+    /// Use at most this many cables per neighbour (0: all the hostfile lists).
+    pub max_rails: usize,
+    /// First TCP port of the connection manager; the pair (i, j) uses `port_base + i·N + j`.
+    pub port_base: u16,
+    /// Engine backend (io_uring falls back to sockets where it is refused).
+    pub engine: EngineKind,
+    /// Who drives progress. Caller progress (the default) suits collectives: every rank is
+    /// inside a call while data moves, and it leaves the cores to the application.
+    pub progress: Progress,
+    /// Longest a collective waits for a neighbour before failing; also the setup timeout.
+    pub timeout: Duration,
+    /// Busy-poll iterations before a waiting rank starts yielding its core.
+    pub spin: u32,
+}
+
+impl Default for CommOptions {
+    fn default() -> Self {
+        CommOptions {
+            algorithm: Algorithm::Auto,
+            // The measured crossover on a pair and a 3-rank mesh (docs/collectives.md).
+            one_shot_max: 128 << 10,
+            slot_bytes: 512 << 10,
+            slots: 8,
+            max_rails: 0,
+            port_base: 18_600,
+            // Measured on the emulated link with caller progress: the sockets engine exchanges a
+            // 16 KiB all-reduce in about a third of io_uring's time (docs/collectives.md).
+            engine: EngineKind::Sockets,
+            progress: Progress::Caller,
+            timeout: Duration::from_secs(20),
+            // Yield almost at once: a spinning rank that shares its core with the rank it waits
+            // for only delays it (4 ranks on 2 cores: 13 ms with 2000 rounds, 0.4 ms with 0),
+            // and on a core of its own a yield costs one syscall.
+            spin: 4,
+        }
+    }
+}
+
+/// Version of the digest format and of the collectives' wire protocol (slot and immediate
+/// layout). Bump on any change that makes old and new ranks unable to work together.
+pub(crate) const PROTOCOL_VERSION: u16 = 1;
+const MAGIC: &[u8; 4] = b"tbCO";
+const LEN: usize = 4 + 2 + 4 * 8 + 1 + 8 + 4 + 4;
+
+/// What a rank tells each neighbour at connection time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Digest {
+    pub version: u16,
+    pub rank: u32,
+    pub world: u32,
+    pub topology: TopologyKind,
+    pub rails: u32,
+    pub dtypes: u32,
+    pub slot_bytes: u32,
+    pub slots: u32,
+    pub one_shot_max: u32,
+    pub algorithm: u32,
+    /// The sender's inbox for this connection.
+    pub inbox: RemoteAddr,
+    /// The tbrdma version string's hash (FNV-1a-32 of `CARGO_PKG_VERSION`).
+    pub build: u32,
+}
+
+fn topology_code(t: TopologyKind) -> u8 {
+    match t {
+        TopologyKind::Single => 0,
+        TopologyKind::Pair => 1,
+        TopologyKind::Mesh => 2,
+        TopologyKind::Ring => 3,
+        TopologyKind::Other => 4,
+    }
+}
+
+fn topology_from(code: u8) -> Option<TopologyKind> {
+    Some(match code {
+        0 => TopologyKind::Single,
+        1 => TopologyKind::Pair,
+        2 => TopologyKind::Mesh,
+        3 => TopologyKind::Ring,
+        4 => TopologyKind::Other,
+        _ => return None,
+    })
+}
+
+pub(crate) fn build_hash() -> u32 {
+    env!("CARGO_PKG_VERSION")
+        .bytes()
+        .fold(0x811c_9dc5u32, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        })
+}
+
+pub(crate) fn algorithm_code(a: Algorithm) -> u32 {
+    match a {
+        Algorithm::Auto => 0,
+        Algorithm::OneShot => 1,
+        Algorithm::Ring => 2,
+    }
+}
+
+impl Digest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(LEN);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&self.version.to_le_bytes());
+        for v in [
+            self.rank,
+            self.world,
+            self.rails,
+            self.dtypes,
+            self.slot_bytes,
+            self.slots,
+            self.one_shot_max,
+            self.algorithm,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.push(topology_code(self.topology));
+        out.extend_from_slice(&self.inbox.addr.to_le_bytes());
+        out.extend_from_slice(&self.inbox.rkey.to_le_bytes());
+        out.extend_from_slice(&self.build.to_le_bytes());
+        out.resize(LEN, 0);
+        out
+    }
+
+    /// Parses a neighbour's digest; `peer` names it in the error.
+    pub fn decode(bytes: &[u8], peer: usize, local: usize) -> Result<Digest> {
+        let bad = |what: &str| CollError::ConfigMismatch {
+            rank: peer,
+            local,
+            field: "protocol",
+            theirs: what.to_string(),
+            ours: format!("tbrdma collectives protocol {PROTOCOL_VERSION}"),
+        };
+        if bytes.len() < LEN || &bytes[0..4] != MAGIC {
+            return Err(bad(
+                "something that is not a tbrdma collectives communicator",
+            ));
+        }
+        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+        if version != PROTOCOL_VERSION {
+            return Err(bad(&format!("tbrdma collectives protocol {version}")));
+        }
+        let word = |i: usize| {
+            let at = 6 + 4 * i;
+            u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
+        };
+        let at = 6 + 32;
+        let topology = topology_from(bytes[at]).ok_or_else(|| bad("an unknown topology code"))?;
+        let addr = u64::from_le_bytes(bytes[at + 1..at + 9].try_into().expect("8 bytes"));
+        let rkey = u32::from_le_bytes(bytes[at + 9..at + 13].try_into().expect("4 bytes"));
+        let build = u32::from_le_bytes(bytes[at + 13..at + 17].try_into().expect("4 bytes"));
+        Ok(Digest {
+            version,
+            rank: word(0),
+            world: word(1),
+            rails: word(2),
+            dtypes: word(3),
+            slot_bytes: word(4),
+            slots: word(5),
+            one_shot_max: word(6),
+            algorithm: word(7),
+            topology,
+            inbox: RemoteAddr { addr, rkey },
+            build,
+        })
+    }
+
+    /// Checks that `theirs` (from rank `peer`) agrees with this rank's digest.
+    pub fn check(&self, theirs: &Digest, peer: usize) -> Result<()> {
+        let local = self.rank as usize;
+        let differ = |field: &'static str, t: String, o: String| {
+            Err(CollError::ConfigMismatch {
+                rank: peer,
+                local,
+                field,
+                theirs: t,
+                ours: o,
+            })
+        };
+        if theirs.rank as usize != peer {
+            return differ(
+                "rank numbering",
+                format!(
+                    "rank {} (it answered on the cable to rank {peer})",
+                    theirs.rank
+                ),
+                format!("a cable to rank {peer}"),
+            );
+        }
+        let fields: [(&'static str, u32, u32); 8] = [
+            ("world size", theirs.world, self.world),
+            ("rails per neighbour", theirs.rails, self.rails),
+            ("supported types (bit mask)", theirs.dtypes, self.dtypes),
+            ("slot size in bytes", theirs.slot_bytes, self.slot_bytes),
+            ("slots per neighbour", theirs.slots, self.slots),
+            (
+                "one-shot threshold in bytes",
+                theirs.one_shot_max,
+                self.one_shot_max,
+            ),
+            ("algorithm code", theirs.algorithm, self.algorithm),
+            ("tbrdma version hash", theirs.build, self.build),
+        ];
+        for (field, t, o) in fields {
+            if t != o {
+                return differ(field, t.to_string(), o.to_string());
+            }
+        }
+        if theirs.topology != self.topology {
+            return differ(
+                "topology",
+                theirs.topology.to_string(),
+                self.topology.to_string(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Every type the build supports, as a digest field.
+pub(crate) fn dtype_mask() -> u32 {
+    DType::support_mask()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest(rank: u32) -> Digest {
+        Digest {
+            version: PROTOCOL_VERSION,
+            rank,
+            world: 3,
+            topology: TopologyKind::Mesh,
+            rails: 1,
+            dtypes: dtype_mask(),
+            slot_bytes: 1 << 19,
+            slots: 8,
+            one_shot_max: 1 << 18,
+            algorithm: 0,
+            inbox: RemoteAddr {
+                addr: 0x1234_5678_9abc,
+                rkey: 77,
+            },
+            build: build_hash(),
+        }
+    }
+
+    #[test]
+    fn digest_round_trips() {
+        let d = digest(2);
+        assert_eq!(Digest::decode(&d.encode(), 2, 0).unwrap(), d);
+    }
+
+    #[test]
+    fn a_difference_names_the_rank_and_the_field() {
+        let ours = digest(0);
+        let mut theirs = digest(2);
+        theirs.world = 4;
+        let err = ours.check(&theirs, 2).unwrap_err().to_string();
+        assert!(
+            err.contains("rank 2 disagrees on the world size: it has 4, rank 0 has 3"),
+            "{err}"
+        );
+        let mut theirs = digest(2);
+        theirs.topology = TopologyKind::Ring;
+        let err = ours.check(&theirs, 2).unwrap_err().to_string();
+        assert!(
+            err.contains("topology: it has ring, rank 0 has mesh"),
+            "{err}"
+        );
+        assert!(ours.check(&digest(2), 2).is_ok());
+        assert!(ours.check(&digest(1), 2).is_err());
+        let err = Digest::decode(b"nope", 1, 0).unwrap_err().to_string();
+        assert!(err.contains("rank 1"), "{err}");
+    }
+}

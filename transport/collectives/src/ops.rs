@@ -1,0 +1,392 @@
+//! The collective operations: argument checks, algorithm choice, and typed wrappers over the
+//! byte-level schedules in `oneshot` and `ring`.
+
+use crate::comm::Communicator;
+use crate::config::Algorithm;
+use crate::dtype::{DType, Element, ReduceOp};
+use crate::error::{CollError, Result};
+use crate::{oneshot, ring};
+use tbrdma_netdev::hostfile::TopologyKind;
+
+fn check_len(op: &'static str, what: &str, len: usize, want: usize) -> Result<()> {
+    if len == want {
+        Ok(())
+    } else {
+        Err(CollError::BadArgument {
+            op,
+            problem: format!("{what} has {len} bytes, expected {want}"),
+        })
+    }
+}
+
+fn check_elements(op: &'static str, len: usize, dtype: DType) -> Result<()> {
+    if len % dtype.size() == 0 {
+        Ok(())
+    } else {
+        Err(CollError::BadArgument {
+            op,
+            problem: format!("{len} bytes is not a whole number of {dtype} elements"),
+        })
+    }
+}
+
+impl Communicator {
+    /// The algorithm an all-reduce of `bytes` bytes runs with the current options.
+    pub fn choose_algorithm(&self, bytes: usize) -> Result<Algorithm> {
+        let full = self.fully_connected();
+        let ring = self.has_ring();
+        let no_route = || CollError::BadArgument {
+            op: "all_reduce",
+            problem: format!(
+                "the {} topology has neither every rank cabled to every other (one-shot) nor rank k cabled to k±1 (ring)",
+                self.topology
+            ),
+        };
+        Ok(match self.opts.algorithm {
+            Algorithm::OneShot if full => Algorithm::OneShot,
+            Algorithm::OneShot => {
+                return Err(CollError::BadArgument {
+                    op: "all_reduce",
+                    problem: "one-shot needs a cable between every two ranks; this is a ring (use the ring algorithm)".into(),
+                });
+            }
+            Algorithm::Ring if ring => Algorithm::Ring,
+            Algorithm::Ring => return Err(no_route()),
+            Algorithm::Auto if full && (bytes <= self.opts.one_shot_max || !ring) => {
+                Algorithm::OneShot
+            }
+            Algorithm::Auto if ring => Algorithm::Ring,
+            Algorithm::Auto if full => Algorithm::OneShot,
+            Algorithm::Auto => return Err(no_route()),
+        })
+    }
+
+    /// All-reduce of bytes: `output = input₀ op input₁ op … op input_{N−1}`, element-wise, on
+    /// every rank. `input` and `output` have the same length, a whole number of `dtype`
+    /// elements (zero is fine). Every rank must call it with the same length, type and op.
+    pub fn all_reduce_bytes(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        check_len("all_reduce", "the output", output.len(), input.len())?;
+        self.all_reduce_inner(Some(input), output, dtype, op)
+    }
+
+    /// All-reduce in place.
+    pub fn all_reduce_bytes_in_place(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.all_reduce_inner(None, buf, dtype, op)
+    }
+
+    fn all_reduce_inner(
+        &mut self,
+        input: Option<&[u8]>,
+        out: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_usable()?;
+        check_elements("all_reduce", out.len(), dtype)?;
+        if self.world == 1 || out.is_empty() {
+            if let Some(input) = input {
+                out.copy_from_slice(input);
+            }
+            return Ok(());
+        }
+        match self.choose_algorithm(out.len())? {
+            Algorithm::Ring => {
+                if let Some(input) = input {
+                    out.copy_from_slice(input);
+                }
+                let plan = ring::Plan {
+                    segments: ring::split(out.len() / dtype.size(), self.world, dtype.size()),
+                    shift: 0,
+                    phases: ring::Phases::Both,
+                    dtype,
+                    op,
+                };
+                ring::run(self, out, &plan)
+            }
+            _ => oneshot::all_reduce(self, input, out, dtype, op),
+        }
+    }
+
+    /// The part of a reduce-scatter of `count` elements that rank `rank` receives: counts that
+    /// do not divide by the world size give the first `count % N` ranks one more element.
+    pub fn reduce_scatter_range(&self, count: usize, rank: usize) -> std::ops::Range<usize> {
+        let seg = &ring::split(count, self.world, 1)[rank];
+        seg.start..seg.end
+    }
+
+    /// Reduce-scatter: `input` (the same element count on every rank) is reduced across ranks
+    /// and this rank receives its segment ([`Self::reduce_scatter_range`]) in `output`.
+    pub fn reduce_scatter_bytes(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_usable()?;
+        check_elements("reduce_scatter", input.len(), dtype)?;
+        let es = dtype.size();
+        let mine = self.reduce_scatter_range(input.len() / es, self.rank);
+        let mine = mine.start * es..mine.end * es;
+        check_len("reduce_scatter", "the output", output.len(), mine.len())?;
+        if self.world == 1 {
+            output.copy_from_slice(input);
+            return Ok(());
+        }
+        if input.is_empty() {
+            return Ok(());
+        }
+        if !self.has_ring() {
+            return Err(CollError::BadArgument {
+                op: "reduce_scatter",
+                problem: "needs rank k cabled to k±1".into(),
+            });
+        }
+        let mut work = std::mem::take(&mut self.scratch.chunks[self.rank]);
+        work.clear();
+        work.extend_from_slice(input);
+        let plan = ring::Plan {
+            segments: ring::split(input.len() / es, self.world, es),
+            shift: self.world - 1,
+            phases: ring::Phases::ReduceScatter,
+            dtype,
+            op,
+        };
+        let result = ring::run(self, &mut work, &plan);
+        output.copy_from_slice(&work[mine]);
+        self.scratch.chunks[self.rank] = work;
+        result
+    }
+
+    /// All-gather: every rank contributes `input` (the same length everywhere); `output` (N
+    /// times as long) receives rank k's input at `k·len`.
+    pub fn all_gather_bytes(&mut self, input: &[u8], output: &mut [u8]) -> Result<()> {
+        self.check_usable()?;
+        let block = input.len();
+        check_len("all_gather", "the output", output.len(), block * self.world)?;
+        output[self.rank * block..(self.rank + 1) * block].copy_from_slice(input);
+        if self.world == 1 || block == 0 {
+            return Ok(());
+        }
+        if self.fully_connected()
+            && (self.opts.algorithm != Algorithm::Ring || !self.has_ring())
+            && (block <= self.opts.one_shot_max || !self.has_ring())
+        {
+            return oneshot::all_gather(self, output, block);
+        }
+        if !self.has_ring() {
+            return Err(CollError::BadArgument {
+                op: "all_gather",
+                problem: "needs a cable between every two ranks, or rank k cabled to k±1".into(),
+            });
+        }
+        let plan = ring::Plan {
+            segments: (0..self.world)
+                .map(|k| k * block..(k + 1) * block)
+                .collect(),
+            shift: self.world - 1,
+            phases: ring::Phases::AllGather,
+            dtype: DType::U8,
+            op: ReduceOp::Sum,
+        };
+        ring::run(self, output, &plan)
+    }
+
+    /// Broadcast: `buf` on `root` is copied into `buf` on every rank.
+    pub fn broadcast_bytes(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
+        self.check_usable()?;
+        if root >= self.world {
+            return Err(CollError::BadArgument {
+                op: "broadcast",
+                problem: format!("root {root} is not a rank (world size {})", self.world),
+            });
+        }
+        if self.world == 1 || buf.is_empty() {
+            return Ok(());
+        }
+        if self.fully_connected() && (self.opts.algorithm != Algorithm::Ring || !self.has_ring()) {
+            oneshot::broadcast(self, buf, root)
+        } else if self.has_ring() {
+            ring::broadcast(self, buf, root)
+        } else {
+            Err(CollError::BadArgument {
+                op: "broadcast",
+                problem: "needs a cable between every two ranks, or rank k cabled to k±1".into(),
+            })
+        }
+    }
+
+    /// Reduce: like all-reduce, but only `root`'s `output` is written (the others' is left as
+    /// it was). Runs as an all-reduce: on these topologies that costs about as much.
+    pub fn reduce_bytes(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        if root >= self.world {
+            return Err(CollError::BadArgument {
+                op: "reduce",
+                problem: format!("root {root} is not a rank (world size {})", self.world),
+            });
+        }
+        check_len("reduce", "the output", output.len(), input.len())?;
+        if self.rank == root {
+            self.all_reduce_bytes(input, output, dtype, op)
+        } else {
+            let mut tmp = std::mem::take(&mut self.scratch.typed);
+            tmp.clear();
+            tmp.extend_from_slice(input);
+            let result = self.all_reduce_inner(None, &mut tmp, dtype, op);
+            self.scratch.typed = tmp;
+            result
+        }
+    }
+
+    /// Barrier: returns once every rank has entered it.
+    pub fn barrier(&mut self) -> Result<()> {
+        let mut token = [1u8];
+        self.all_reduce_inner(None, &mut token, DType::U8, ReduceOp::Max)
+    }
+
+    /// The path of a point-to-point message from `src` to `dst`: direct over a cable, else
+    /// around the ring the shorter way (ties go up). Returns the hops in order, `src` first.
+    pub fn route(&self, src: usize, dst: usize) -> Result<Vec<usize>> {
+        let n = self.world;
+        if src >= n || dst >= n || src == dst {
+            return Err(CollError::BadArgument {
+                op: "send/recv",
+                problem: format!("no path from rank {src} to rank {dst} in a world of {n}"),
+            });
+        }
+        let cabled = |a: usize, b: usize| match self.topology {
+            TopologyKind::Pair | TopologyKind::Mesh => true,
+            TopologyKind::Ring => (a + 1) % n == b || (b + 1) % n == a,
+            // Elsewhere only this rank's own cables are known.
+            _ => {
+                (a == self.rank && self.is_neighbour(b)) || (b == self.rank && self.is_neighbour(a))
+            }
+        };
+        if cabled(src, dst) {
+            return Ok(vec![src, dst]);
+        }
+        if self.topology != TopologyKind::Ring {
+            return Err(CollError::BadArgument {
+                op: "send/recv",
+                problem: format!(
+                    "no cable joins ranks {src} and {dst}, and the {} topology has no ring to relay along",
+                    self.topology
+                ),
+            });
+        }
+        let up = (dst + n - src) % n <= n / 2;
+        let mut path = vec![src];
+        let mut k = src;
+        while k != dst {
+            k = if up { (k + 1) % n } else { (k + n - 1) % n };
+            path.push(k);
+        }
+        Ok(path)
+    }
+
+    /// Sends `data` to `dst`. `dst` calls [`Self::recv_bytes`] with the same length; when no
+    /// cable joins the two, every rank in between calls [`Self::forward`] (see
+    /// [`Self::route`]). Messages between two ranks arrive in the order they were sent.
+    pub fn send_bytes(&mut self, dst: usize, data: &[u8]) -> Result<()> {
+        self.check_usable()?;
+        let path = self.route(self.rank, dst)?;
+        let mut copy = std::mem::take(&mut self.scratch.typed);
+        copy.clear();
+        copy.extend_from_slice(data);
+        let result = ring::pipe(self, "send", &mut copy, None, Some(path[1]));
+        self.scratch.typed = copy;
+        result
+    }
+
+    /// Receives `out.len()` bytes sent by `src` with [`Self::send_bytes`].
+    pub fn recv_bytes(&mut self, src: usize, out: &mut [u8]) -> Result<()> {
+        self.check_usable()?;
+        let path = self.route(src, self.rank)?;
+        ring::pipe(self, "recv", out, Some(path[path.len() - 2]), None)
+    }
+
+    /// Relays a `len`-byte message from `src` to `dst` through this rank, which must be on
+    /// [`Self::route`]`(src, dst)`. Chunks are passed on as they arrive.
+    pub fn forward(&mut self, src: usize, dst: usize, len: usize) -> Result<()> {
+        self.check_usable()?;
+        let path = self.route(src, dst)?;
+        let Some(at) = path
+            .iter()
+            .position(|&k| k == self.rank)
+            .filter(|&i| i > 0 && i + 1 < path.len())
+        else {
+            return Err(CollError::BadArgument {
+                op: "forward",
+                problem: format!(
+                    "rank {} is not between {src} and {dst} on {path:?}",
+                    self.rank
+                ),
+            });
+        };
+        let mut buf = std::mem::take(&mut self.scratch.typed);
+        buf.clear();
+        buf.resize(len, 0);
+        let result = ring::pipe(
+            self,
+            "forward",
+            &mut buf,
+            Some(path[at - 1]),
+            Some(path[at + 1]),
+        );
+        self.scratch.typed = buf;
+        result
+    }
+
+    /// Typed all-reduce (out of place).
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        if input.len() != output.len() {
+            return Err(CollError::BadArgument {
+                op: "all_reduce",
+                problem: format!(
+                    "input has {} elements, output {}",
+                    input.len(),
+                    output.len()
+                ),
+            });
+        }
+        let mut bytes = std::mem::take(&mut self.scratch.typed);
+        T::to_bytes(input, &mut bytes);
+        let result = self.all_reduce_inner(None, &mut bytes, T::DTYPE, op);
+        T::from_bytes(&bytes, output);
+        self.scratch.typed = bytes;
+        result
+    }
+
+    /// Typed all-reduce in place.
+    pub fn all_reduce_in_place<T: Element>(&mut self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let mut bytes = std::mem::take(&mut self.scratch.typed);
+        T::to_bytes(buf, &mut bytes);
+        let result = self.all_reduce_inner(None, &mut bytes, T::DTYPE, op);
+        T::from_bytes(&bytes, buf);
+        self.scratch.typed = bytes;
+        result
+    }
+}

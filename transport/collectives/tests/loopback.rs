@@ -1,0 +1,189 @@
+//! Ranks as threads of one process, every link on 127.0.0.1: the whole suite of operations ×
+//! types × operators × counts for 2 ranks (one and two rails), a 3-rank mesh and a 4-rank ring,
+//! checked against the local reference, and the ranks' results compared bit for bit. Needs no
+//! root; the namespace tests in `tests/tests/collectives.rs` run the same suite over veth.
+
+use std::net::Ipv4Addr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tbrdma_collectives::check::{SuiteReport, suite};
+use tbrdma_collectives::{CollError, CommOptions, Communicator, Hostfile, TopologyKind};
+use tbrdma_netdev::hostfile::{Rank, RankLink, Topology};
+
+/// Busy-polling ranks share 2 cores: one world at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn loopback_hostfile(world: usize, kind: TopologyKind, rails: u32) -> Hostfile {
+    let pairs: Vec<(usize, usize)> = match kind {
+        TopologyKind::Ring => (0..world).map(|k| (k, (k + 1) % world)).collect(),
+        _ => (0..world)
+            .flat_map(|a| (a + 1..world).map(move |b| (a, b)))
+            .collect(),
+    };
+    let lo = Ipv4Addr::LOCALHOST;
+    let ranks = (0..world)
+        .map(|r| {
+            let mut links = Vec::new();
+            for &(a, b) in &pairs {
+                let peer = if a == r {
+                    b
+                } else if b == r {
+                    a
+                } else {
+                    continue;
+                };
+                for rail in 0..rails {
+                    links.push(RankLink {
+                        interface: "lo".into(),
+                        address: lo,
+                        prefix_len: 8,
+                        peer,
+                        peer_address: lo,
+                        rail,
+                    });
+                }
+            }
+            links.sort_by_key(|l| (l.peer, l.rail));
+            Rank {
+                rank: r,
+                host: format!("h{r}"),
+                uuid: format!("u{r}"),
+                links,
+            }
+        })
+        .collect();
+    Hostfile {
+        version: 1,
+        topology: Topology { kind, rails },
+        ranks,
+    }
+}
+
+fn options(port_base: u16) -> CommOptions {
+    CommOptions {
+        // Small slots, so that a few thousand elements already pipeline over many chunks.
+        slot_bytes: 4096,
+        slots: 4,
+        one_shot_max: 2048,
+        port_base,
+        timeout: Duration::from_secs(20),
+        ..CommOptions::default()
+    }
+}
+
+/// Runs `f` on every rank of a loopback world (one thread each) and returns their results.
+fn run_world<T: Send + 'static>(
+    hostfile: Hostfile,
+    opts: CommOptions,
+    f: impl Fn(&mut Communicator) -> Result<T, CollError> + Send + Sync + Copy + 'static,
+) -> Vec<Result<T, CollError>> {
+    let world = hostfile.ranks.len();
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            let hf = hostfile.clone();
+            let opts = opts.clone();
+            std::thread::spawn(move || {
+                let mut comm = Communicator::new(&hf, rank, opts)?;
+                f(&mut comm)
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread"))
+        .collect()
+}
+
+fn check_world(world: usize, kind: TopologyKind, rails: u32, port_base: u16) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let hf = loopback_hostfile(world, kind, rails);
+    let results = run_world(hf, options(port_base), |comm| {
+        suite(comm, &[0, 1, 5, 1000, 5003], 42)
+    });
+    let errors: Vec<String> = results
+        .iter()
+        .enumerate()
+        .filter_map(|(r, res)| res.as_ref().err().map(|e| format!("rank {r}: {e}")))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+    let reports: Vec<SuiteReport> = results.into_iter().map(Result::unwrap).collect();
+    for (r, rep) in reports.iter().enumerate() {
+        assert!(rep.failures.is_empty(), "rank {r}: {:#?}", rep.failures);
+        assert!(rep.passed > 100, "rank {r} ran only {} checks", rep.passed);
+        assert_eq!(
+            rep.fingerprints, reports[0].fingerprints,
+            "rank {r} disagrees with rank 0 on arbitrary inputs"
+        );
+    }
+}
+
+#[test]
+fn two_ranks_one_rail() {
+    check_world(2, TopologyKind::Pair, 1, 21_000);
+}
+
+#[test]
+fn two_ranks_two_rails() {
+    check_world(2, TopologyKind::Pair, 2, 21_100);
+}
+
+#[test]
+fn three_ranks_mesh() {
+    check_world(3, TopologyKind::Mesh, 1, 21_200);
+}
+
+#[test]
+fn four_ranks_ring() {
+    check_world(4, TopologyKind::Ring, 1, 21_300);
+}
+
+#[test]
+fn a_rank_with_other_options_is_named() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let hf = loopback_hostfile(2, TopologyKind::Pair, 1);
+    let handles: Vec<_> = (0..2)
+        .map(|rank| {
+            let hf = hf.clone();
+            let mut opts = options(21_400);
+            opts.timeout = Duration::from_secs(5);
+            if rank == 1 {
+                opts.slots = 8;
+            }
+            std::thread::spawn(move || Communicator::new(&hf, rank, opts).map(|_| ()))
+        })
+        .collect();
+    let errors: Vec<String> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap_err().to_string())
+        .collect();
+    assert!(
+        errors[0].contains("rank 1 disagrees on the slots per neighbour: it has 8, rank 0 has 4"),
+        "{errors:?}"
+    );
+    // Rank 1 may see the digest or, if rank 0 hung up first, the closed connection.
+    assert!(errors[1].contains("rank 0"), "{errors:?}");
+}
+
+#[test]
+fn a_rank_that_leaves_mid_collective_is_named_by_the_others() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let hf = loopback_hostfile(3, TopologyKind::Mesh, 1);
+    let mut opts = options(21_500);
+    opts.timeout = Duration::from_secs(5);
+    let results = run_world(hf, opts, |comm| {
+        let mut buf = vec![1.0f32; 50_000];
+        comm.all_reduce_in_place(&mut buf, tbrdma_collectives::ReduceOp::Sum)?;
+        if comm.rank() == 2 {
+            // Leaves: dropping the communicator closes its queue pairs mid-way through the
+            // others' next collective.
+            return Ok(());
+        }
+        comm.all_reduce_in_place(&mut buf, tbrdma_collectives::ReduceOp::Sum)
+    });
+    assert!(results[2].is_ok());
+    for (r, result) in results.iter().take(2).enumerate() {
+        let err = result.as_ref().unwrap_err().to_string();
+        assert!(err.contains("rank 2"), "rank {r}: {err}");
+    }
+}
