@@ -26,8 +26,11 @@ pub struct ConnectArgs {
     /// Interface of the link to use (`thunderbolt0`).
     #[arg(long, value_name = "NAME")]
     pub iface: Option<String>,
-    /// Datagram backend; io_uring falls back to sockets when the kernel refuses it.
-    #[arg(long, value_enum, default_value_t = EngineArg::Uring)]
+    /// Datagram backend; io_uring falls back to sockets when the kernel refuses it. Sockets is
+    /// the default with caller progress: measured over veth (docs/performance.md), io_uring
+    /// then costs ~45 µs more per round trip (each receive completion interrupts the polling
+    /// CPU when the ring cannot be single-issuer).
+    #[arg(long, value_enum, default_value_t = EngineArg::Sockets)]
     pub engine: EngineArg,
     /// Who runs the engine: `caller` spins in this thread (one core per process), `thread`
     /// adds a background engine thread.

@@ -296,6 +296,8 @@ pub struct Engine {
     fallback: Option<String>,
     local_addrs: Vec<SocketAddr>,
     features: crate::probe::KernelFeatures,
+    /// Smallest receive buffer the kernel granted on any rail, in bytes.
+    rcvbuf: usize,
 }
 
 /// Opens a backend on each rail's socket; returns them, the kind of the first and any
@@ -351,6 +353,11 @@ impl Engine {
             .map(UdpSocket::local_addr)
             .collect::<io::Result<Vec<_>>>()?;
         let local_addr = local_addrs[0];
+        let rcvbuf = sockets
+            .iter()
+            .map(|s| crate::socket::buffer_sizes(s).map_or(0, |(rcv, _)| rcv))
+            .min()
+            .unwrap_or(0);
         // What this kernel offers, recorded once (under a millisecond) and logged, so a user
         // can see why a path was or was not taken.
         let features = crate::probe::probe();
@@ -422,6 +429,7 @@ impl Engine {
             fallback,
             local_addrs,
             features,
+            rcvbuf,
         })
     }
 
@@ -443,6 +451,14 @@ impl Engine {
     /// The data sockets' addresses, one per rail.
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.local_addrs
+    }
+
+    /// The largest receive window (in datagrams of `max_datagram` bytes) the data socket's
+    /// buffer holds: a connection advertising more would have the kernel drop datagrams under
+    /// load. Linux reports twice the usable size, and each datagram costs some bookkeeping.
+    pub fn window_limit(&self, max_datagram: usize) -> u32 {
+        let usable = self.rcvbuf / 2;
+        u32::try_from((usable / (max_datagram + 1024)).max(4)).unwrap_or(u32::MAX)
     }
 
     /// What the kernel offered at start-up.
@@ -526,14 +542,11 @@ impl Drop for Engine {
 }
 
 fn bind_socket(bind: SocketAddr, buffer: usize) -> io::Result<UdpSocket> {
-    let domain = socket2::Domain::for_address(bind);
-    let socket = socket2::Socket::new(domain, socket2::Type::DGRAM, Some(socket2::Protocol::UDP))?;
-    // Ask for large buffers: a window of 64 KiB datagrams must fit. Failure only costs speed.
-    let _ = socket.set_recv_buffer_size(buffer);
-    let _ = socket.set_send_buffer_size(buffer);
+    // Ask for large buffers (forced past the sysctl caps where allowed): a window of 64 KiB
+    // datagrams must fit. What the kernel grants bounds the advertised window instead.
+    let socket = crate::socket::bind_udp(bind, buffer, buffer)?;
     socket.set_nonblocking(true)?;
-    socket.bind(&bind.into())?;
-    Ok(socket.into())
+    Ok(socket)
 }
 
 fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, config: EngineConfig) {

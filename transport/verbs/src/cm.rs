@@ -167,6 +167,9 @@ fn config_for(device: &Device, opts: &QpOptions) -> Config {
     config.max_datagram = config
         .max_datagram
         .min(device.inner.engine.config().max_datagram);
+    // Never advertise more than the socket buffer holds: the kernel would drop the excess.
+    let limit = device.inner.engine.window_limit(config.max_datagram);
+    config.window = config.window.min(limit);
     config
 }
 
