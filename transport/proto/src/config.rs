@@ -48,8 +48,11 @@ impl Default for Config {
             // Round trips on a cable are ~10-50 µs; 1 ms leaves room for scheduling delays on a
             // busy 2-core host without spurious retransmissions.
             initial_rto: Duration::from_millis(1),
-            max_rto: Duration::from_millis(100),
-            max_retries: 7,
+            // A budget of about 2 s (1 + 2 + … + 512 ms, then 1 s): a peer that vanished is
+            // detected in bounded time, but a peer descheduled for a few hundred milliseconds
+            // on a busy 2-core host (measured: a 227 ms budget was not enough there) is not declared dead.
+            max_rto: Duration::from_secs(1),
+            max_retries: 10,
             rnr_delay: Duration::from_micros(100),
             max_rnr_retries: 7,
             keepalive_interval: Duration::from_millis(500),
