@@ -147,6 +147,39 @@ pub fn run() -> anyhow::Result<()> {
         server,
         client,
     )?;
-    println!("\nevery run above verified its payload end to end");
+    run_allreduce(&name)?;
+    println!("\nevery run above verified its results end to end");
+    Ok(())
+}
+
+/// Both ranks run `tbrdma allreduce` (rank and hostfile come from `lab exec`); rank 0 reports.
+fn run_allreduce(lab: &str) -> anyhow::Result<()> {
+    let args = strings(&[
+        "allreduce",
+        "-b",
+        "8",
+        "-e",
+        "1M",
+        "-f",
+        "8",
+        "-d",
+        "bf16",
+        "--check",
+    ]);
+    println!(
+        "\n== all-reduce of bf16 across both hosts, over both cables (like nccl-tests all_reduce_perf)"
+    );
+    println!("   ranks 0 and 1: tbrdma {}", args.join(" "));
+    let other = spawn(tbrdma_in(lab, 1, &args)?)?;
+    let first = spawn(tbrdma_in(lab, 0, &args)?)?.wait_with_output()?;
+    let second = other.wait_with_output()?;
+    print!("{}", String::from_utf8_lossy(&first.stdout));
+    if !first.status.success() || !second.status.success() {
+        bail!(
+            "the all-reduce failed:\nrank 0: {}\nrank 1: {}",
+            String::from_utf8_lossy(&first.stderr).trim(),
+            String::from_utf8_lossy(&second.stderr).trim()
+        );
+    }
     Ok(())
 }
