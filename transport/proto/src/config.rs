@@ -14,8 +14,11 @@ pub struct Config {
     /// Packets this side accepts beyond its cumulative acknowledgement (the receive window it
     /// advertises). Bounded by what the socket buffer holds: window × datagram ≤ rcvbuf.
     pub window: u32,
-    /// Retransmission timeout before any backoff.
+    /// Retransmission timeout before the first round-trip sample, and its floor afterwards.
     pub initial_rto: Duration,
+    /// Ceiling of the timeout the round-trip estimator may choose before any backoff (the
+    /// estimate follows RFC 6298: smoothed round trip plus four deviations).
+    pub rto_ceiling: Duration,
     /// Ceiling of the exponential backoff.
     pub max_rto: Duration,
     /// Consecutive timeouts without progress before the connection fails with
@@ -48,6 +51,9 @@ impl Default for Config {
             // Round trips on a cable are ~10-50 µs; 1 ms leaves room for scheduling delays on a
             // busy 2-core host without spurious retransmissions.
             initial_rto: Duration::from_millis(1),
+            // A receiver draining a full window of 64 KiB datagrams takes over a millisecond;
+            // the estimator learns that, up to this ceiling.
+            rto_ceiling: Duration::from_millis(10),
             // A budget of about 2 s (1 + 2 + … + 512 ms, then 1 s): a peer that vanished is
             // detected in bounded time, but a peer descheduled for a few hundred milliseconds
             // on a busy 2-core host (measured: a 227 ms budget was not enough there) is not declared dead.
@@ -72,12 +78,12 @@ impl Config {
             .clamp(1, u16::MAX as usize) as u32
     }
 
-    /// The longest the retransmission budget can last: the sum of every backed-off timeout.
-    /// A request to a peer that vanished completes with an error no later than this after the
-    /// last sign of life.
+    /// The longest the retransmission budget can last: the sum of every backed-off timeout,
+    /// starting from the largest timeout the estimator may choose. A request to a peer that
+    /// vanished completes with an error no later than this after the last sign of life.
     pub fn retry_budget(&self) -> Duration {
         let mut total = Duration::ZERO;
-        let mut rto = self.initial_rto;
+        let mut rto = self.initial_rto.max(self.rto_ceiling).min(self.max_rto);
         for _ in 0..=self.max_retries {
             total += rto;
             rto = (rto * 2).min(self.max_rto);

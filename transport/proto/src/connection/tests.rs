@@ -917,14 +917,32 @@ fn tiny_datagrams_still_carry_acks() {
 #[test]
 fn pingpong_of_two_packet_writes_survives_spurious_timeouts() {
     for (seed, jitter_us) in [(0u64, 0u64), (1, 300), (2, 1500), (3, 1500)] {
-        let link = LinkConfig { jitter: Duration::from_micros(jitter_us), ..LinkConfig::default() };
-        let mut p = Pair::new(PairConfig { seed, config_a: Config::default(), config_b: Config::default(), link });
+        let link = LinkConfig {
+            jitter: Duration::from_micros(jitter_us),
+            ..LinkConfig::default()
+        };
+        let mut p = Pair::new(PairConfig {
+            seed,
+            config_a: Config::default(),
+            config_b: Config::default(),
+            link,
+        });
         let a_buf = p.a.mem.alloc(65536, RW);
         let b_buf = p.b.mem.alloc(65536, RW);
         for i in 1..=400u64 {
             let from_a = i % 2 == 1;
-            let (src, dst) = if from_a { (&a_buf, &b_buf) } else { (&b_buf, &a_buf) };
-            let wr = SendWr { wr_id: i, local: sge(src, 0, 65536), op: SendOp::Write { remote: remote(dst, 0) } };
+            let (src, dst) = if from_a {
+                (&a_buf, &b_buf)
+            } else {
+                (&b_buf, &a_buf)
+            };
+            let wr = SendWr {
+                wr_id: i,
+                local: sge(src, 0, 65536),
+                op: SendOp::Write {
+                    remote: remote(dst, 0),
+                },
+            };
             if from_a {
                 p.a.mem.fill(&a_buf, 65528, &i.to_le_bytes());
                 p.a.post_send(wr).unwrap();
@@ -933,14 +951,31 @@ fn pingpong_of_two_packet_writes_survives_spurious_timeouts() {
                 p.b.post_send(wr).unwrap();
             }
             let landed = p.drive_until(STEPS, |p| {
-                let mem = if from_a { p.b.mem.bytes(&b_buf, 65528, 8) } else { p.a.mem.bytes(&a_buf, 65528, 8) };
+                let mem = if from_a {
+                    p.b.mem.bytes(&b_buf, 65528, 8)
+                } else {
+                    p.a.mem.bytes(&a_buf, 65528, 8)
+                };
                 mem == i.to_le_bytes()
             });
-            let failed = [&p.a.events, &p.b.events].iter().any(|e| e.iter().any(|ev| matches!(ev, Event::Failed(_))));
-            assert!(landed && !failed, "seed {seed} iteration {i}: {:?} {:?}\n{:?}\n{:?}", p.a.events, p.b.events, p.a.conn.stats(), p.b.conn.stats());
+            let failed = [&p.a.events, &p.b.events]
+                .iter()
+                .any(|e| e.iter().any(|ev| matches!(ev, Event::Failed(_))));
+            assert!(
+                landed && !failed,
+                "seed {seed} iteration {i}: {:?} {:?}\n{:?}\n{:?}",
+                p.a.events,
+                p.b.events,
+                p.a.conn.stats(),
+                p.b.conn.stats()
+            );
         }
         assert!(p.drive(STEPS));
-        for wc in p.a.take_completions().iter().chain(p.b.take_completions().iter()) {
+        for wc in
+            p.a.take_completions()
+                .iter()
+                .chain(p.b.take_completions().iter())
+        {
             assert_eq!(wc.status, WcStatus::Success, "seed {seed}");
         }
     }

@@ -114,8 +114,14 @@ pub(super) struct TxStream {
     hold_until: Option<Time>,
     peer_window: u32,
     initial_rto: Duration,
+    rto_ceiling: Duration,
     max_rto: Duration,
     rto: Duration,
+    /// Smoothed round trip and its deviation (RFC 6298), once sampled.
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    /// The packet being timed: its PSN and first transmission (Karn: never a resent one).
+    rtt_probe: Option<(Psn, Time)>,
     rto_deadline: Option<Time>,
     retries: u32,
     max_retries: u32,
@@ -135,8 +141,12 @@ impl TxStream {
             hold_until: None,
             peer_window: 1,
             initial_rto: config.initial_rto,
+            rto_ceiling: config.rto_ceiling.max(config.initial_rto),
             max_rto: config.max_rto,
             rto: config.initial_rto,
+            srtt: None,
+            rttvar: Duration::ZERO,
+            rtt_probe: None,
             rto_deadline: None,
             retries: 0,
             max_retries: config.max_retries,
@@ -293,8 +303,15 @@ impl TxStream {
         let retransmit = psn.before(self.next_send);
         if retransmit {
             self.rtx = Some(psn.plus(1));
+            // Karn: an acknowledgement could now answer either copy; stop timing.
+            if self.rtt_probe.is_some_and(|(p, _)| !p.before(psn)) {
+                self.rtt_probe = None;
+            }
         } else {
             self.next_send = psn.plus(1);
+            if self.rtt_probe.is_none() {
+                self.rtt_probe = Some((psn, now));
+            }
         }
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now + self.rto);
@@ -421,11 +438,40 @@ impl TxStream {
             }
             start.before(*end)
         });
+        if let Some((probe, sent)) = self.rtt_probe {
+            if probe.before(ack) {
+                self.sample_rtt(now.saturating_since(sent));
+                self.rtt_probe = None;
+            }
+        }
         self.retries = 0;
         self.rnr_retries = 0;
-        self.rto = self.initial_rto;
+        self.rto = self.base_rto();
         self.rto_deadline = self.has_unacked().then(|| now + self.rto);
         (true, fatal_acked)
+    }
+
+    /// RFC 6298's estimator.
+    fn sample_rtt(&mut self, sample: Duration) {
+        match self.srtt {
+            None => {
+                self.srtt = Some(sample);
+                self.rttvar = sample / 2;
+            }
+            Some(srtt) => {
+                let deviation = srtt.abs_diff(sample);
+                self.rttvar = (self.rttvar * 3 + deviation) / 4;
+                self.srtt = Some((srtt * 7 + sample) / 8);
+            }
+        }
+    }
+
+    /// The timeout before backoff: the estimate, between the floor and the ceiling.
+    fn base_rto(&self) -> Duration {
+        match self.srtt {
+            None => self.initial_rto,
+            Some(srtt) => (srtt + self.rttvar * 4).clamp(self.initial_rto, self.rto_ceiling),
+        }
     }
 
     /// Records selective acknowledgements.
@@ -503,7 +549,7 @@ impl TxStream {
     pub fn on_response_progress(&mut self, now: Time) {
         if !self.has_unacked() {
             self.retries = 0;
-            self.rto = self.initial_rto;
+            self.rto = self.base_rto();
             self.rto_deadline = Some(now + self.rto);
         }
     }
@@ -518,6 +564,7 @@ impl TxStream {
             return TimeoutAction::GiveUp;
         }
         self.rto = (self.rto * 2).min(self.max_rto);
+        self.rtt_probe = None;
         self.rto_deadline = Some(now + self.rto);
         if self.has_unacked() {
             self.rtx = Some(self.snd_una);
