@@ -44,6 +44,32 @@ fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
 
+/// Starts `first` (rank 0) and `second` (rank 1), prints the report of `report_rank`, and
+/// fails with both sides' errors unless both succeed.
+fn run_two(
+    lab: &str,
+    title: &str,
+    first: &[String],
+    second: &[String],
+    report_rank: usize,
+) -> anyhow::Result<()> {
+    let rank0 = spawn(tbrdma_in(lab, 0, first)?)?;
+    // A client retries while its server starts listening.
+    std::thread::sleep(Duration::from_millis(300));
+    let rank1 = spawn(tbrdma_in(lab, 1, second)?)?.wait_with_output()?;
+    let rank0 = rank0.wait_with_output()?;
+    let report = if report_rank == 0 { &rank0 } else { &rank1 };
+    print!("{}", String::from_utf8_lossy(&report.stdout));
+    if !rank0.status.success() || !rank1.status.success() {
+        bail!(
+            "{title} failed:\nrank 0: {}\nrank 1: {}",
+            String::from_utf8_lossy(&rank0.stderr).trim(),
+            String::from_utf8_lossy(&rank1.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 /// One server/client run; prints the client's report.
 fn run_pair(
     lab: &str,
@@ -54,20 +80,7 @@ fn run_pair(
     println!("\n== {title}");
     println!("   rank 0: tbrdma {}", server.join(" "));
     println!("   rank 1: tbrdma {}", client.join(" "));
-    let server_child = spawn(tbrdma_in(lab, 0, &server)?)?;
-    // The client retries while the server starts listening.
-    std::thread::sleep(Duration::from_millis(300));
-    let client_out = spawn(tbrdma_in(lab, 1, &client)?)?.wait_with_output()?;
-    let server_out = server_child.wait_with_output()?;
-    print!("{}", String::from_utf8_lossy(&client_out.stdout));
-    if !client_out.status.success() || !server_out.status.success() {
-        bail!(
-            "{title} failed:\nclient: {}\nserver: {}",
-            String::from_utf8_lossy(&client_out.stderr).trim(),
-            String::from_utf8_lossy(&server_out.stderr).trim()
-        );
-    }
-    Ok(())
+    run_two(lab, title, &server, &client, 1)
 }
 
 /// Runs the lab demo.
@@ -170,16 +183,5 @@ fn run_allreduce(lab: &str) -> anyhow::Result<()> {
         "\n== all-reduce of bf16 across both hosts, over both cables (like nccl-tests all_reduce_perf)"
     );
     println!("   ranks 0 and 1: tbrdma {}", args.join(" "));
-    let other = spawn(tbrdma_in(lab, 1, &args)?)?;
-    let first = spawn(tbrdma_in(lab, 0, &args)?)?.wait_with_output()?;
-    let second = other.wait_with_output()?;
-    print!("{}", String::from_utf8_lossy(&first.stdout));
-    if !first.status.success() || !second.status.success() {
-        bail!(
-            "the all-reduce failed:\nrank 0: {}\nrank 1: {}",
-            String::from_utf8_lossy(&first.stderr).trim(),
-            String::from_utf8_lossy(&second.stderr).trim()
-        );
-    }
-    Ok(())
+    run_two(lab, "the all-reduce", &args, &args, 0)
 }

@@ -173,54 +173,64 @@ fn config_for(device: &Device, opts: &QpOptions) -> Config {
     config
 }
 
-/// Adds the connection to the engine and waits for the protocol handshake.
-#[allow(clippy::too_many_arguments)]
-fn establish(
-    pd: &ProtectionDomain,
-    send_cq: &CompletionQueue,
-    recv_cq: &CompletionQueue,
-    opts: &QpOptions,
+/// Who the new connection talks to, as agreed on the side channel.
+struct Agreed {
+    /// Whether this side sends CONNECT (the client).
     active: bool,
     qp_num: u32,
     remote_qpn: u32,
     token: u64,
-    mut peers: Vec<SocketAddr>,
-    deadline: Instant,
+    /// The peer's data socket on each rail.
+    peers: Vec<SocketAddr>,
+}
+
+/// Adds the connection to the engine (not yet established). The passive side does this before
+/// answering, so the client's CONNECT always finds it.
+fn register(
+    pd: &ProtectionDomain,
+    send_cq: &CompletionQueue,
+    recv_cq: &CompletionQueue,
+    opts: &QpOptions,
+    mut agreed: Agreed,
 ) -> Result<QueuePair> {
     let device = &pd.device;
-    let engine = &device.inner.engine;
     // Rails pair up in order; the side with fewer decides how many are used.
-    peers.truncate(device.rails());
-    let peer = peers[0];
+    agreed.peers.truncate(device.rails());
     let params = ConnectParams {
-        token,
-        local_qpn: qp_num,
-        remote_qpn,
+        token: agreed.token,
+        local_qpn: agreed.qp_num,
+        remote_qpn: agreed.remote_qpn,
         initial_psn: Psn(random_u64() as u32),
     };
     let config = config_for(device, opts);
-    engine
+    device
+        .inner
+        .engine
         .post(|state, now| {
             let slot = new_slot(
                 config,
-                active,
+                agreed.active,
                 params,
                 now,
-                peers,
+                agreed.peers,
                 pd.index,
                 send_cq.shared.clone(),
                 recv_cq.shared.clone(),
             );
-            state.conns.insert(qp_num, slot);
+            state.conns.insert(agreed.qp_num, slot);
         })
         .map_err(VerbsError::io("starting the connection"))?;
-    let qp = QueuePair {
+    Ok(QueuePair {
         device: device.clone(),
         pd: pd.clone(),
-        qp_num,
-    };
+        qp_num: agreed.qp_num,
+    })
+}
+
+/// Drives the engine until the protocol handshake over the link completes or fails.
+fn wait_established(qp: QueuePair, peer: SocketAddr, deadline: Instant) -> Result<QueuePair> {
     loop {
-        let _ = device.progress();
+        let _ = qp.device.progress();
         match qp.state() {
             ConnectionState::Established => return Ok(qp),
             ConnectionState::Connecting => {}
@@ -230,7 +240,7 @@ fn establish(
                     _ => None,
                 });
                 return Err(VerbsError::QpFailed {
-                    qp_num,
+                    qp_num: qp.qp_num,
                     reason: reason.unwrap_or_else(|| "failed during setup".into()),
                 });
             }
@@ -240,7 +250,7 @@ fn establish(
                 what: format!(
                     "handshake over the link with {peer} (the side channel worked, the data path did not: a firewall, or the wrong interface?)"
                 ),
-                after: deadline.saturating_duration_since(Instant::now()),
+                after: Duration::ZERO,
             });
         }
         std::thread::sleep(Duration::from_micros(20));
@@ -315,21 +325,19 @@ impl Listener {
             private: opts.private_data.clone(),
         };
         // The connection exists before the client hears of it, so its CONNECT finds it.
-        let pending = establish_later(
-            pd,
-            send_cq,
-            recv_cq,
-            opts,
+        let agreed = Agreed {
+            active: false,
             qp_num,
-            hello.qp_num,
+            remote_qpn: hello.qp_num,
             token,
-            hello.data_addrs.clone(),
-        )?;
+            peers: hello.data_addrs.clone(),
+        };
+        let qp = register(pd, send_cq, recv_cq, opts, agreed)?;
         write_frame(&mut stream, &welcome).map_err(|e| VerbsError::Handshake {
             peer: peer_name.clone(),
             detail: format!("sending the answer: {e}"),
         })?;
-        let qp = pending.wait(deadline)?;
+        let qp = wait_established(qp, hello.data_addrs[0], deadline)?;
         Ok(Connected {
             qp,
             peer_private_data: hello.private,
@@ -376,87 +384,6 @@ impl Listener {
             .set_nonblocking(false)
             .map_err(VerbsError::io("side channel"))?;
         Ok((stream, from))
-    }
-}
-
-/// A passive connection registered with the engine, not yet established.
-struct Pending<'a> {
-    pd: &'a ProtectionDomain,
-    qp_num: u32,
-    peer: SocketAddr,
-}
-
-#[allow(clippy::too_many_arguments)]
-fn establish_later<'a>(
-    pd: &'a ProtectionDomain,
-    send_cq: &CompletionQueue,
-    recv_cq: &CompletionQueue,
-    opts: &QpOptions,
-    qp_num: u32,
-    remote_qpn: u32,
-    token: u64,
-    mut peers: Vec<SocketAddr>,
-) -> Result<Pending<'a>> {
-    let device = &pd.device;
-    peers.truncate(device.rails());
-    let peer = peers[0];
-    let params = ConnectParams {
-        token,
-        local_qpn: qp_num,
-        remote_qpn,
-        initial_psn: Psn(random_u64() as u32),
-    };
-    let config = config_for(device, opts);
-    device
-        .inner
-        .engine
-        .post(|state, now| {
-            let slot = new_slot(
-                config,
-                false,
-                params,
-                now,
-                peers,
-                pd.index,
-                send_cq.shared.clone(),
-                recv_cq.shared.clone(),
-            );
-            state.conns.insert(qp_num, slot);
-        })
-        .map_err(VerbsError::io("starting the connection"))?;
-    Ok(Pending { pd, qp_num, peer })
-}
-
-impl Pending<'_> {
-    fn wait(self, deadline: Instant) -> Result<QueuePair> {
-        let qp = QueuePair {
-            device: self.pd.device.clone(),
-            pd: self.pd.clone(),
-            qp_num: self.qp_num,
-        };
-        loop {
-            let _ = qp.device.progress();
-            match qp.state() {
-                ConnectionState::Established => return Ok(qp),
-                ConnectionState::Connecting => {}
-                _ => {
-                    return Err(VerbsError::QpFailed {
-                        qp_num: self.qp_num,
-                        reason: "failed during setup".into(),
-                    });
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(VerbsError::Timeout {
-                    what: format!(
-                        "handshake over the link with {} (the side channel worked, the data path did not)",
-                        self.peer
-                    ),
-                    after: Duration::ZERO,
-                });
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        }
     }
 }
 
@@ -529,18 +456,15 @@ pub fn connect(
             detail: "expected a welcome".into(),
         });
     }
-    let qp = establish(
-        pd,
-        send_cq,
-        recv_cq,
-        opts,
-        true,
+    let agreed = Agreed {
+        active: true,
         qp_num,
-        welcome.qp_num,
-        welcome.token,
-        welcome.data_addrs.clone(),
-        deadline,
-    )?;
+        remote_qpn: welcome.qp_num,
+        token: welcome.token,
+        peers: welcome.data_addrs.clone(),
+    };
+    let qp = register(pd, send_cq, recv_cq, opts, agreed)?;
+    let qp = wait_established(qp, welcome.data_addrs[0], deadline)?;
     Ok(Connected {
         qp,
         peer_private_data: welcome.private,

@@ -1,6 +1,10 @@
 //! Queue pairs: posting work requests (a batch under one doorbell) and their state.
 
-use tbrdma_proto::{Access, ConnectionState, Event, Memory, RecvWr, RegionId, SendWr, Stats};
+use tbrdma_engine::memory::Arena;
+use tbrdma_engine::worker::Slot;
+use tbrdma_proto::{
+    Access, ConnectionState, Event, Memory, PostError, Queue, RecvWr, RegionId, SendWr, Sge, Stats,
+};
 
 use crate::device::Device;
 use crate::error::{Result, VerbsError};
@@ -42,71 +46,57 @@ impl QueuePair {
     /// Stops at the first refused request (queue full, malformed) and returns its error; the
     /// ones before it were posted.
     pub fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
-        let qp_num = self.qp_num;
-        let pd = self.pd.index;
-        self.device
-            .inner
-            .engine
-            .post(|state, _now| {
-                let mut used = Vec::with_capacity(wrs.len());
-                let mut result = Ok(());
-                match state.conns.get_mut(&qp_num) {
-                    None => {
-                        result = Err(VerbsError::QpFailed {
-                            qp_num,
-                            reason: "closed".into(),
-                        })
-                    }
-                    Some(slot) => {
-                        let arena = &state.arenas[pd];
-                        for wr in wrs {
-                            if let Err(e) = slot.conn.post_send(*wr, arena) {
-                                result = Err(e.into());
-                                break;
-                            }
-                            let region =
-                                region_of(arena, wr.local.lkey, wr.local.addr, wr.local.len);
-                            slot.sq_regions.push_back(region);
-                            used.push(region);
-                        }
-                    }
-                }
-                for region in used {
-                    state.use_region(pd, region);
-                }
-                result
-            })
-            .map_err(VerbsError::io("sending"))?
+        self.post_each(wrs, Queue::Send, "sending", |slot, arena, wr| {
+            slot.conn.post_send(*wr, arena)?;
+            Ok(wr.local)
+        })
     }
 
     /// Posts receive buffers, in order.
     pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
+        self.post_each(wrs, Queue::Recv, "posting receives", |slot, _arena, wr| {
+            slot.conn.post_recv(*wr)?;
+            Ok(wr.local)
+        })
+    }
+
+    /// Posts every request with `post` under one engine lock, recording which region each
+    /// names (so deregistration can wait for it), then rings the doorbell.
+    fn post_each<W>(
+        &self,
+        wrs: &[W],
+        queue: Queue,
+        doing: &str,
+        post: impl Fn(&mut Slot, &Arena, &W) -> std::result::Result<Sge, PostError>,
+    ) -> Result<()> {
         let qp_num = self.qp_num;
         let pd = self.pd.index;
         self.device
             .inner
             .engine
             .post(|state, _now| {
+                let Some(slot) = state.conns.get_mut(&qp_num) else {
+                    return Err(VerbsError::QpFailed {
+                        qp_num,
+                        reason: "closed".into(),
+                    });
+                };
+                let arena = &state.arenas[pd];
                 let mut used = Vec::with_capacity(wrs.len());
                 let mut result = Ok(());
-                match state.conns.get_mut(&qp_num) {
-                    None => {
-                        result = Err(VerbsError::QpFailed {
-                            qp_num,
-                            reason: "closed".into(),
-                        })
-                    }
-                    Some(slot) => {
-                        let arena = &state.arenas[pd];
-                        for wr in wrs {
-                            if let Err(e) = slot.conn.post_recv(*wr) {
-                                result = Err(e.into());
-                                break;
+                for wr in wrs {
+                    match post(slot, arena, wr) {
+                        Ok(local) => {
+                            let region = region_of(arena, local.lkey, local.addr, local.len);
+                            match queue {
+                                Queue::Send => slot.sq_regions.push_back(region),
+                                Queue::Recv => slot.rq_regions.push_back(region),
                             }
-                            let region =
-                                region_of(arena, wr.local.lkey, wr.local.addr, wr.local.len);
-                            slot.rq_regions.push_back(region);
                             used.push(region);
+                        }
+                        Err(e) => {
+                            result = Err(e.into());
+                            break;
                         }
                     }
                 }
@@ -115,7 +105,7 @@ impl QueuePair {
                 }
                 result
             })
-            .map_err(VerbsError::io("posting receives"))?
+            .map_err(VerbsError::io(doing))?
     }
 
     /// The connection's state.
