@@ -446,12 +446,18 @@ impl Connection {
                     }
                     return;
                 }
-                if let Ext::Close { .. } = packet.ext {
-                    self.fail(None, ConnectionError::ClosedByPeer);
-                    return;
-                }
                 if header.ack_valid() {
                     self.on_ack_psn(now, header.ack_psn);
+                }
+                if let Ext::Close { .. } = packet.ext {
+                    // What the peer acknowledged in its CLOSE did arrive: complete it before
+                    // flushing the rest, so a peer that closes right after receiving our last
+                    // WRITE does not turn that WRITE into an error.
+                    if self.state == ConnectionState::Established {
+                        self.drain_send_queue();
+                    }
+                    self.fail(None, ConnectionError::ClosedByPeer);
+                    return;
                 }
                 self.handle_established(
                     now,

@@ -980,3 +980,33 @@ fn pingpong_of_two_packet_writes_survives_spurious_timeouts() {
         }
     }
 }
+
+#[test]
+fn writes_the_peer_acknowledged_in_its_close_complete_successfully() {
+    let mut p = pair();
+    let src = p.a.mem.alloc(4096, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(4096, RW);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, 4096),
+        op: SendOp::Write {
+            remote: remote(&dst, 0),
+        },
+    })
+    .unwrap();
+    // Deliver the WRITE to b, but not b's ACK: b closes at once, and its CLOSE carries the
+    // cumulative acknowledgement.
+    p.a.mem.fill(&src, 4095, &[7]);
+    p.drive_until(STEPS, |p| p.b.mem.bytes(&dst, 4095, 1) == [7]);
+    p.b.conn.close(p.now);
+    p.drive(STEPS);
+    let wcs = p.a.take_completions();
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success)]
+    );
+    assert_eq!(
+        p.a.events.last(),
+        Some(&Event::Failed(ConnectionError::ClosedByPeer))
+    );
+}
