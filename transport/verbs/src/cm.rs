@@ -234,6 +234,10 @@ fn wait_established(qp: QueuePair, peer: SocketAddr, deadline: Instant) -> Resul
         match qp.state() {
             ConnectionState::Established => return Ok(qp),
             ConnectionState::Connecting => {}
+            // With background progress a fast peer may connect, finish one-sided work and close
+            // before this loop looks: the connection was made, so setup succeeded; the caller
+            // sees the closure on its next call.
+            _ if qp.was_established() => return Ok(qp),
             _ => {
                 let reason = qp.take_events().iter().rev().find_map(|e| match e {
                     Event::Failed(err) => Some(err.to_string()),

@@ -127,6 +127,15 @@ impl QueuePair {
             .unwrap_or_default()
     }
 
+    /// Whether the handshake completed at some point (the connection may have ended since).
+    pub fn was_established(&self) -> bool {
+        let state = self.device.inner.engine.lock();
+        state
+            .conns
+            .get(&self.qp_num)
+            .is_some_and(|s| s.events.contains(&Event::Established))
+    }
+
     /// Protocol counters.
     pub fn stats(&self) -> Stats {
         let state = self.device.inner.engine.lock();

@@ -1,0 +1,155 @@
+//! Configuration from environment variables (read once per `init`), documented in
+//! `docs/nccl.md`. It owns parsing and defaults; it never opens anything.
+
+use std::time::Duration;
+
+use tbrdma_verbs::{EngineConfig, EngineKind, Progress};
+
+use crate::error::NetError;
+
+/// Links to use: comma-separated interface names or local IPv4 addresses.
+pub const ENV_IFACES: &str = "TBRDMA_IFACES";
+/// Engine backend: `uring` (default, falls back to sockets) or `sockets`.
+pub const ENV_ENGINE: &str = "TBRDMA_ENGINE";
+/// Progress mode: `thread` (default) or `caller`.
+pub const ENV_PROGRESS: &str = "TBRDMA_PROGRESS";
+/// Link speed to report to NCCL, in Mbit/s.
+pub const ENV_SPEED: &str = "TBRDMA_SPEED_MBPS";
+/// Latency to report to NCCL, in microseconds (0: NCCL's default).
+pub const ENV_LATENCY: &str = "TBRDMA_LATENCY_US";
+/// Longest connection setup, in milliseconds.
+pub const ENV_CONNECT_TIMEOUT: &str = "TBRDMA_CONNECT_TIMEOUT_MS";
+
+/// Interface-name prefixes picked when `TBRDMA_IFACES` is unset.
+pub const DEFAULT_PREFIXES: [&str; 2] = ["thunderbolt", "usb4"];
+
+/// The plugin's settings.
+#[derive(Clone, Debug)]
+pub struct PluginConfig {
+    /// Links named by the user; empty: every interface whose name starts with a default prefix.
+    pub links: Vec<String>,
+    /// Engine settings of every device.
+    pub engine: EngineConfig,
+    /// Reported speed (Mbit/s); None: the interface's, else 20000.
+    pub speed_mbps: Option<i32>,
+    /// Reported latency (µs).
+    pub latency_us: f32,
+    /// Longest connection setup.
+    pub connect_timeout: Duration,
+}
+
+fn parse<T: std::str::FromStr>(name: &str, value: &str) -> Result<T, NetError> {
+    value.trim().parse().map_err(|_| NetError::Config {
+        detail: format!("{name}={value:?} is not a valid number"),
+    })
+}
+
+impl PluginConfig {
+    /// Reads the environment through `get` (`std::env::var` in production).
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<PluginConfig, NetError> {
+        let links = get(ENV_IFACES)
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let engine = match get(ENV_ENGINE).as_deref().map(str::trim) {
+            None | Some("") | Some("uring") => EngineKind::Uring,
+            Some("sockets") => EngineKind::Sockets,
+            Some(other) => {
+                return Err(NetError::Config {
+                    detail: format!("{ENV_ENGINE}={other:?}: use \"uring\" or \"sockets\""),
+                });
+            }
+        };
+        let progress = match get(ENV_PROGRESS) {
+            None => Progress::Thread,
+            Some(v) => v
+                .trim()
+                .parse::<Progress>()
+                .map_err(|detail| NetError::Config {
+                    detail: format!("{ENV_PROGRESS}: {detail}"),
+                })?,
+        };
+        let speed_mbps = get(ENV_SPEED)
+            .map(|v| parse::<i32>(ENV_SPEED, &v))
+            .transpose()?;
+        let latency_us = get(ENV_LATENCY)
+            .map(|v| parse::<f32>(ENV_LATENCY, &v))
+            .transpose()?
+            .unwrap_or(0.0);
+        let connect_timeout = Duration::from_millis(
+            get(ENV_CONNECT_TIMEOUT)
+                .map(|v| parse::<u64>(ENV_CONNECT_TIMEOUT, &v))
+                .transpose()?
+                .unwrap_or(10_000),
+        );
+        Ok(PluginConfig {
+            links,
+            engine: EngineConfig {
+                engine,
+                progress,
+                ..EngineConfig::default()
+            },
+            speed_mbps,
+            latency_us,
+            connect_timeout,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn defaults_pick_thread_progress_and_the_uring_engine() {
+        let c = PluginConfig::from_env(env(&[])).unwrap();
+        assert!(c.links.is_empty());
+        assert_eq!(c.engine.progress, Progress::Thread);
+        assert_eq!(c.engine.engine, EngineKind::Uring);
+        assert_eq!(c.speed_mbps, None);
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let c = PluginConfig::from_env(env(&[
+            (ENV_IFACES, "thunderbolt0, 10.0.0.1,"),
+            (ENV_ENGINE, "sockets"),
+            (ENV_PROGRESS, "caller"),
+            (ENV_SPEED, "40000"),
+            (ENV_LATENCY, "12.5"),
+            (ENV_CONNECT_TIMEOUT, "250"),
+        ]))
+        .unwrap();
+        assert_eq!(c.links, ["thunderbolt0", "10.0.0.1"]);
+        assert_eq!(c.engine.engine, EngineKind::Sockets);
+        assert_eq!(c.engine.progress, Progress::Caller);
+        assert_eq!(c.speed_mbps, Some(40000));
+        assert_eq!(c.latency_us, 12.5);
+        assert_eq!(c.connect_timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_variable_named() {
+        for (k, v) in [
+            (ENV_ENGINE, "dpdk"),
+            (ENV_PROGRESS, "never"),
+            (ENV_SPEED, "fast"),
+        ] {
+            let e = PluginConfig::from_env(env(&[(k, v)])).unwrap_err();
+            assert!(e.to_string().contains(k), "{e}");
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Why a plugin call failed, and the `ncclResult_t` each failure becomes.
+
+use thiserror::Error;
+
+use crate::abi::{
+    NCCL_INTERNAL_ERROR, NCCL_INVALID_USAGE, NCCL_REMOTE_ERROR, NCCL_SYSTEM_ERROR, NcclResult,
+};
+
+/// A failed plugin call.
+#[derive(Debug, Error)]
+pub enum NetError {
+    /// An environment variable has a value the plugin cannot use.
+    #[error("tbrdma NET: bad configuration: {detail}")]
+    Config {
+        /// What is wrong.
+        detail: String,
+    },
+    /// No link could be opened.
+    #[error("tbrdma NET: no usable link: {detail}")]
+    NoDevice {
+        /// What was tried.
+        detail: String,
+    },
+    /// `init` has not been called (or failed).
+    #[error("tbrdma NET: called before a successful init")]
+    NotInitialized,
+    /// NCCL passed something the plugin did not hand out or cannot serve.
+    #[error("tbrdma NET: {detail}")]
+    Misuse {
+        /// What was wrong.
+        detail: String,
+    },
+    /// A message was larger than the receive posted for it.
+    #[error(
+        "tbrdma NET: message truncated: the receive posted for message {seq} holds {posted} bytes, the send was {sent} bytes"
+    )]
+    Truncated {
+        /// Message number on the connection.
+        seq: u64,
+        /// Bytes the receive could hold.
+        posted: u64,
+        /// Bytes sent (0 when the receiver learns of it: it only knows the send was too large).
+        sent: u64,
+    },
+    /// The connection failed (peer gone, link down, protocol error).
+    #[error("tbrdma NET: connection to {peer} failed: {detail}")]
+    Remote {
+        /// The peer.
+        peer: String,
+        /// Why.
+        detail: String,
+    },
+    /// A verbs call failed.
+    #[error("tbrdma NET: {context}: {source}")]
+    Verbs {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: tbrdma_verbs::VerbsError,
+    },
+    /// A panic was caught at the C boundary.
+    #[error("tbrdma NET: internal error (panic) in {entry}: {detail}")]
+    Panic {
+        /// The entry point.
+        entry: &'static str,
+        /// The panic message.
+        detail: String,
+    },
+}
+
+impl NetError {
+    /// The `ncclResult_t` to return.
+    pub fn code(&self) -> NcclResult {
+        match self {
+            NetError::Config { .. } | NetError::Truncated { .. } => NCCL_INVALID_USAGE,
+            NetError::NoDevice { .. } | NetError::Verbs { .. } => NCCL_SYSTEM_ERROR,
+            NetError::Remote { .. } => NCCL_REMOTE_ERROR,
+            NetError::NotInitialized | NetError::Misuse { .. } | NetError::Panic { .. } => {
+                NCCL_INTERNAL_ERROR
+            }
+        }
+    }
+
+    /// Wraps a verbs error with what was being done.
+    pub fn verbs(context: impl Into<String>) -> impl FnOnce(tbrdma_verbs::VerbsError) -> NetError {
+        let context = context.into();
+        move |source| NetError::Verbs { context, source }
+    }
+
+    /// A misuse with this description.
+    pub fn misuse(detail: impl Into<String>) -> NetError {
+        NetError::Misuse {
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Result of a plugin operation.
+pub type Result<T, E = NetError> = std::result::Result<T, E>;

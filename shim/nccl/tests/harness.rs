@@ -1,0 +1,162 @@
+//! The plugin driven as NCCL's proxy thread drives it, by a C program (`tests/harness/`)
+//! compiled here with the system C compiler, one process per rank in two network namespaces
+//! joined by a veth pair (MTU 65520). The plugin is installed under both names NCCL and RCCL
+//! look for, and the harness runs its whole suite through each exported version's struct.
+//! Needs root and `cc` (skips with a message otherwise).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+use tbrdma_netdev::lab::LabTopology;
+use tbrdma_tests::Lab;
+
+/// One pair of busy-polling processes at a time: the machine may have only 2 cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The plugin cargo built for this test run (the cdylib next to the test's `deps` folder).
+fn plugin_path() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps folder");
+    for dir in [deps, deps.parent().expect("profile folder")] {
+        let candidate = dir.join("libnccl_net_tbrdma.so");
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!("libnccl_net_tbrdma.so not found next to {}", deps.display());
+}
+
+/// Compiles the harness and installs the plugin under both names into a fresh folder.
+fn prepare(tag: &str) -> Option<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("tbrdma-nccl-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp folder");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/harness");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(dir.join("harness"))
+        .arg(src.join("harness.c"))
+        .arg("-ldl")
+        .status();
+    match status {
+        Err(e) => {
+            eprintln!("skipping: no C compiler ({cc}: {e})");
+            return None;
+        }
+        Ok(s) => assert!(s.success(), "compiling the harness failed"),
+    }
+    let plugin = plugin_path();
+    for name in ["libnccl-net-tbrdma.so", "librccl-net-tbrdma.so"] {
+        std::fs::copy(&plugin, dir.join(name)).expect("install the plugin");
+    }
+    Some(dir)
+}
+
+/// Runs both ranks with `env` and the given versions; returns rank 0's and rank 1's output.
+fn run(lab: &Lab, dir: &Path, versions: &str, env: &[(&str, &str)]) -> [String; 2] {
+    let port = "18811";
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            let me = lab.address(rank, 1 - rank, 0).to_string();
+            let peer = lab.address(1 - rank, rank, 0).to_string();
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", &lab.namespace(rank)])
+                .arg(dir.join("harness"))
+                .arg(dir)
+                .args([&rank.to_string(), &peer, port, versions])
+                .env("TBRDMA_IFACES", &me)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            cmd.spawn().expect("start the harness")
+        })
+        .collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("wait for the harness"))
+        .collect();
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}\n--- stderr ---\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    for (rank, o) in outputs.iter().enumerate() {
+        assert!(
+            o.status.success(),
+            "rank {rank} failed ({}):\n{}\n=== other rank ===\n{}",
+            o.status,
+            text(o),
+            text(&outputs[1 - rank])
+        );
+    }
+    [text(&outputs[0]), text(&outputs[1])]
+}
+
+#[test]
+fn the_c_harness_drives_every_exported_version_across_two_namespaces() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("nc", 2, LabTopology::Pair, 1) else {
+        return;
+    };
+    let Some(dir) = prepare("all") else {
+        return;
+    };
+    let outs = run(&lab, &dir, "8,9,10,11", &[]);
+    for out in &outs {
+        assert!(
+            out.contains("both names load; v8, v9, v10 and v11 resolve"),
+            "{out}"
+        );
+        for v in ["v8", "v9", "v10", "v11"] {
+            for line in [
+                "loopback listen/connect/accept from one thread ok",
+                "proxy pattern: 300 messages each way",
+                "32 in flight each way, sends first, verified",
+                "32 in flight each way, receives first, verified",
+                "sizes 0 B to 8 MiB verified",
+                "a send larger than the receive fails both sides with ncclInvalidUsage",
+                "all scenarios passed",
+            ] {
+                assert!(out.contains(&format!("{v}: {line}")), "{v}: {line}\n{out}");
+            }
+        }
+        assert!(
+            out.contains("reload: dlclose, dlopen, init, transfer ok"),
+            "{out}"
+        );
+        assert!(out.contains("harness: all checks passed"), "{out}");
+        // Logged through NCCL's logger, and the truncation named as such.
+        assert!(out.contains("] tbrdma NET: initialized: links"), "{out}");
+        assert!(out.contains("message truncated"), "{out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_c_harness_passes_with_caller_progress_and_the_sockets_engine() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("nk", 2, LabTopology::Pair, 1) else {
+        return;
+    };
+    let Some(dir) = prepare("caller") else {
+        return;
+    };
+    let outs = run(
+        &lab,
+        &dir,
+        "10",
+        &[("TBRDMA_PROGRESS", "caller"), ("TBRDMA_ENGINE", "sockets")],
+    );
+    for out in &outs {
+        assert!(out.contains("v10: all scenarios passed"), "{out}");
+        assert!(out.contains("progress Caller"), "{out}");
+        assert!(out.contains("sockets engine"), "{out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
