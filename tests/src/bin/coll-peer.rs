@@ -64,6 +64,9 @@ fn run(args: &HashMap<String, String>) -> anyhow::Result<()> {
                 bail!("{} checks failed", report.failures.len());
             }
             println!("all checks passed");
+            // Linger before closing: a rank that is still finishing the final barrier must not
+            // see its neighbours' connections close under it.
+            std::thread::sleep(std::time::Duration::from_millis(300));
         }
         "loop" => {
             let mut buf = vec![1.0f32; 256 << 10];

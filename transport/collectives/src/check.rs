@@ -286,5 +286,8 @@ pub fn suite(
             }
         }
     }
+    // Everyone leaves the suite together, so no rank closes its connections while another
+    // still has point-to-point traffic in flight to it.
+    comm.barrier()?;
     Ok(report)
 }
