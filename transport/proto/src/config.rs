@@ -36,6 +36,13 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// Send an acknowledgement at least every this many packets received.
     pub ack_every: u32,
+    /// How long the acknowledgement of a completed message may wait for a packet of this side
+    /// (a reply) to carry it, before it goes out on its own. Saves one datagram each way per
+    /// ping-pong exchange (measured: 8 B round trip over veth 22 → 13 µs with 10 µs). Off by
+    /// default: with caller progress, an application that stops polling after a receive would
+    /// hold the ACK until it polls again and the peer would retransmit (the NCCL plugin's
+    /// harness did exactly that). Turn it on for callers that keep polling.
+    pub ack_hold: Duration,
     /// Maximum outstanding send-queue requests (`max_send_wr`).
     pub max_send_wr: usize,
     /// Maximum posted receives (`max_recv_wr`).
@@ -64,6 +71,7 @@ impl Default for Config {
             keepalive_interval: Duration::from_millis(500),
             idle_timeout: Duration::from_secs(3),
             ack_every: 16,
+            ack_hold: Duration::ZERO,
             max_send_wr: 1024,
             max_recv_wr: 1024,
         }

@@ -190,6 +190,8 @@ pub struct Connection {
     paths: Paths,
     /// The path of the datagram the last `poll_transmit` produced.
     last_path: usize,
+    /// Until when a deferrable ACK waits for a reply to carry it.
+    ack_hold_until: Option<Time>,
 }
 
 impl Connection {
@@ -229,6 +231,7 @@ impl Connection {
             stats: Stats::default(),
             paths: Paths::new(),
             last_path: 0,
+            ack_hold_until: None,
             config,
             role,
             params,
@@ -459,7 +462,7 @@ impl Connection {
                     self.fail(None, ConnectionError::ClosedByPeer);
                     return;
                 }
-                self.handle_established(
+                self.handle_established_then_hold(
                     now,
                     &header,
                     &packet.ext,
@@ -498,6 +501,25 @@ impl Connection {
         self.control.handshake = self.role == Role::Passive;
         self.events.push_back(Event::Established);
         self.enqueue_posted();
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn handle_established_then_hold<M: Memory + ?Sized>(
+        &mut self,
+        now: Time,
+        header: &Header,
+        ext: &Ext,
+        payload: &[u8],
+        datagram: &[u8],
+        path: usize,
+        mem: &mut M,
+    ) {
+        self.handle_established(now, header, ext, payload, datagram, path, mem);
+        if !self.rx.ack_needed() {
+            self.ack_hold_until = None;
+        } else if self.rx.ack_deferred() && self.ack_hold_until.is_none() {
+            self.ack_hold_until = Some(now + self.config.ack_hold);
+        }
     }
 
     fn handshake_params(&self) -> Handshake {
@@ -565,6 +587,10 @@ impl Connection {
                 let mut deadline = idle;
                 if let Some(t) = self.paths.next_probe() {
                     deadline = deadline.min(t);
+                }
+                if self.rx.ack_needed() {
+                    // A held ACK is due when its hold ends; any other pending ACK, now.
+                    deadline = deadline.min(self.ack_hold_until.unwrap_or(Time::ZERO));
                 }
                 if let Some(t) = self.tx.next_deadline() {
                     deadline = deadline.min(t);
@@ -652,7 +678,9 @@ impl Connection {
         if let Some(len) = self.transmit_sequenced(now, buf, mem) {
             return Some(len);
         }
-        if self.rx.ack_needed() {
+        let held = self.rx.ack_deferred() && self.ack_hold_until.is_some_and(|t| now < t);
+        if self.rx.ack_needed() && !held {
+            self.ack_hold_until = None;
             self.stats.acks_sent += 1;
             if let Some(path) = self.rx.reply_path.take() {
                 self.last_path = path;
@@ -775,6 +803,9 @@ impl Connection {
             self.stats.retransmits += 1;
         }
         self.rx.piggybacked();
+        if !self.rx.ack_needed() {
+            self.ack_hold_until = None;
+        }
         Some(len)
     }
 

@@ -71,6 +71,9 @@ pub(super) struct RxStream {
     /// Packets of `current` received, by index from its first PSN (reused between messages).
     received: Vec<bool>,
     ack_needed: bool,
+    /// The pending ACK only answers a message's last packet: hold it for one transmit pass, in
+    /// case this side's own next packet (a reply) can carry it instead.
+    ack_deferred: bool,
     since_ack: u32,
     pending_nak: Option<Ext>,
     nak_sent_for: Option<Psn>,
@@ -97,6 +100,7 @@ impl RxStream {
             current: None,
             received: Vec::new(),
             ack_needed: false,
+            ack_deferred: false,
             since_ack: 0,
             pending_nak: None,
             nak_sent_for: None,
@@ -142,12 +146,28 @@ impl RxStream {
     pub fn clear(&mut self) {
         self.current = None;
         self.ack_needed = false;
+        self.ack_deferred = false;
         self.pending_nak = None;
         self.stash.clear();
     }
 
     fn request_ack(&mut self) {
         self.ack_needed = true;
+        self.ack_deferred = false;
+    }
+
+    /// A message completed: acknowledge it, after one transmit pass in which a reply of ours
+    /// may carry the acknowledgement instead (unless something urgent is already pending).
+    fn request_deferred_ack(&mut self) {
+        if !self.ack_needed {
+            self.ack_needed = true;
+            self.ack_deferred = true;
+        }
+    }
+
+    /// Whether the pending ACK may wait (see `ack_deferred`).
+    pub fn ack_deferred(&self) -> bool {
+        self.ack_deferred
     }
 
     /// Selective blocks: runs of packets of the current message received beyond the gap.
@@ -213,6 +233,7 @@ impl RxStream {
     /// The ACK to send now, with as many selective blocks as fit in `max_datagram`.
     pub fn take_ack(&mut self, window: u32, max_datagram: usize) -> Ext {
         self.ack_needed = false;
+        self.ack_deferred = false;
         self.since_ack = 0;
         let mut sacks = self.sacks();
         let room = max_datagram.saturating_sub(wire::COMMON_HEADER_LEN + 8) / 8;
@@ -228,6 +249,7 @@ impl RxStream {
     pub fn piggybacked(&mut self) {
         if !self.has_sacks() {
             self.ack_needed = false;
+            self.ack_deferred = false;
             self.since_ack = 0;
         }
     }
@@ -247,8 +269,10 @@ impl RxStream {
 
     fn on_accepted(&mut self, flags: u16, ack_every: u32) {
         self.since_ack += 1;
-        if flags & FLAG_ACK_REQUEST != 0 || self.since_ack >= ack_every {
-            self.ack_needed = true;
+        if self.since_ack >= ack_every {
+            self.request_ack();
+        } else if flags & FLAG_ACK_REQUEST != 0 {
+            self.request_deferred_ack();
         }
     }
 }
@@ -514,7 +538,7 @@ impl Connection {
         if expected.distance_from(current.first_psn) == current.npackets {
             let done = self.rx.current.take().expect("current message exists");
             self.complete_message(&done);
-            self.rx.request_ack();
+            self.rx.request_deferred_ack();
         } else if psn != self.rx.expected {
             // Placed ahead of a gap: tell the sender what we hold so it resends only the gap.
             self.rx.request_ack();

@@ -1010,3 +1010,53 @@ fn writes_the_peer_acknowledged_in_its_close_complete_successfully() {
         Some(&Event::Failed(ConnectionError::ClosedByPeer))
     );
 }
+
+#[test]
+fn a_held_ack_rides_on_the_reply() {
+    for (hold, expect_acks) in [(Duration::ZERO, true), (Duration::from_micros(10), false)] {
+        let config = Config {
+            ack_hold: hold,
+            ..Config::default()
+        };
+        let mut p = pair_with(LinkConfig::default(), config);
+        let a_buf = p.a.mem.alloc(64, RW);
+        let b_buf = p.b.mem.alloc(64, RW);
+        p.a.post_send(SendWr {
+            wr_id: 1,
+            local: sge(&a_buf, 0, 8),
+            op: SendOp::Write {
+                remote: remote(&b_buf, 0),
+            },
+        })
+        .unwrap();
+        // b answers as soon as the data lands, as a ping-pong does.
+        p.a.mem.fill(&a_buf, 0, &[9; 8]);
+        assert!(p.drive_until(STEPS, |p| p.b.mem.bytes(&b_buf, 0, 8) == [9; 8]));
+        // One transmit pass goes by before the reply is posted (the application noticing).
+        p.step();
+        p.b.post_send(SendWr {
+            wr_id: 2,
+            local: sge(&b_buf, 8, 8),
+            op: SendOp::Write {
+                remote: remote(&a_buf, 8),
+            },
+        })
+        .unwrap();
+        assert!(p.drive(STEPS));
+        assert_eq!(
+            p.b.conn.stats().acks_sent > 0,
+            expect_acks,
+            "hold {hold:?}: {:?}",
+            p.b.conn.stats()
+        );
+        let wcs: Vec<_> =
+            p.a.take_completions()
+                .into_iter()
+                .chain(p.b.take_completions())
+                .collect();
+        assert!(
+            wcs.len() == 2 && wcs.iter().all(|w| w.status == WcStatus::Success),
+            "{wcs:?}"
+        );
+    }
+}
