@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail};
+use anyhow::bail;
 use tbrdma_verbs::{Access, MemoryRegion, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
 
 use crate::perf::options::{LatOp, PingpongArgs};
@@ -119,11 +119,7 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
             announce,
         },
     )?;
-    let peer = *session
-        .peer
-        .regions
-        .first()
-        .ok_or_else(|| anyhow!("the peer announced no memory region"))?;
+    let peer = session.peer_region()?;
     let mut run = Run {
         op: args.op,
         verify: args.verify,

@@ -357,6 +357,15 @@ fn explain_connect(e: VerbsError, timeout: Duration, elapsed: Duration) -> anyho
 }
 
 impl Session {
+    /// The first region the peer announced (the target of one-sided operations).
+    pub fn peer_region(&self) -> anyhow::Result<Remote> {
+        self.peer
+            .regions
+            .first()
+            .copied()
+            .ok_or_else(|| anyhow::anyhow!("the peer announced no memory region"))
+    }
+
     /// Serves one client (no server address) or connects to the server, `setup.qps` times,
     /// and checks that the peer runs the same tool with the same options.
     pub fn connect(

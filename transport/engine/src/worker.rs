@@ -148,17 +148,7 @@ impl State {
 
     /// Counts one more outstanding request naming `region`.
     pub fn use_region(&mut self, pd: usize, region: Option<RegionId>) {
-        if let Some(r) = region {
-            *self.region_users.entry((pd, r)).or_default() += 1;
-        }
-    }
-
-    fn release_region(&mut self, pd: usize, region: Option<RegionId>) {
-        if let Some(r) = region {
-            if let Some(n) = self.region_users.get_mut(&(pd, r)) {
-                *n = n.saturating_sub(1);
-            }
-        }
+        use_region(&mut self.region_users, pd, region);
     }
 
     /// Receives, handles deadlines, transmits and routes completions once. Returns whether
@@ -205,18 +195,24 @@ impl State {
     pub fn flush(&mut self, rails: &mut [Box<dyn DatagramIo>], now: Time) -> io::Result<bool> {
         let mut sent = false;
         let mut deadline: Option<Time> = None;
-        let mut released: Vec<(usize, Option<RegionId>)> = Vec::new();
-        for slot in self.conns.values_mut() {
-            let arena = &self.arenas[slot.pd];
+        let State {
+            conns,
+            arenas,
+            region_users,
+            tx,
+            ..
+        } = self;
+        for slot in conns.values_mut() {
+            let arena = &arenas[slot.pd];
             loop {
                 // Every batch needs a free buffer: the datagram's rail is known only after.
-                for (rail, batch) in self.tx.iter_mut().enumerate() {
+                for (rail, batch) in tx.iter_mut().enumerate() {
                     if batch.is_full() {
                         rails[rail].send(batch)?;
                         sent = true;
                     }
                 }
-                let (first, others) = self.tx.split_first_mut().expect("at least one rail");
+                let (first, others) = tx.split_first_mut().expect("at least one rail");
                 let buf = first.next_buf().expect("a free buffer after sending");
                 match slot.conn.poll_transmit_path(now, buf, arena) {
                     Some((len, path)) => {
@@ -234,7 +230,7 @@ impl State {
                     Queue::Send => (&slot.send_cq, &mut slot.sq_regions),
                     Queue::Recv => (&slot.recv_cq, &mut slot.rq_regions),
                 };
-                released.push((slot.pd, regions.pop_front().flatten()));
+                release_region(region_users, slot.pd, regions.pop_front().flatten());
                 cq.push(Completion {
                     wc,
                     qp_num: slot.conn.params().local_qpn,
@@ -247,12 +243,9 @@ impl State {
                 deadline = Some(deadline.map_or(t, |d| d.min(t)));
             }
         }
-        for (pd, region) in released {
-            self.release_region(pd, region);
-        }
         // Dropped queue pairs whose CLOSE is now in the batch leave the table.
-        self.conns.retain(|_, slot| !slot.detached);
-        for (rail, batch) in self.tx.iter_mut().enumerate() {
+        conns.retain(|_, slot| !slot.detached);
+        for (rail, batch) in tx.iter_mut().enumerate() {
             if !batch.is_empty() {
                 rails[rail].send(batch)?;
                 sent = true;
@@ -265,6 +258,28 @@ impl State {
     /// The earliest connection deadline.
     pub fn next_deadline(&self) -> Option<Time> {
         self.next_deadline
+    }
+}
+
+/// One more outstanding request names `region`.
+pub fn use_region(
+    users: &mut HashMap<(usize, RegionId), usize>,
+    pd: usize,
+    region: Option<RegionId>,
+) {
+    if let Some(r) = region {
+        *users.entry((pd, r)).or_default() += 1;
+    }
+}
+
+/// One outstanding request naming `region` completed.
+fn release_region(
+    users: &mut HashMap<(usize, RegionId), usize>,
+    pd: usize,
+    region: Option<RegionId>,
+) {
+    if let Some(n) = region.and_then(|r| users.get_mut(&(pd, r))) {
+        *n = n.saturating_sub(1);
     }
 }
 

@@ -1,7 +1,7 @@
 //! Queue pairs: posting work requests (a batch under one doorbell) and their state.
 
 use tbrdma_engine::memory::Arena;
-use tbrdma_engine::worker::Slot;
+use tbrdma_engine::worker::{Slot, use_region};
 use tbrdma_proto::{
     Access, ConnectionState, Event, Memory, PostError, Queue, RecvWr, RegionId, SendWr, Sge, Stats,
 };
@@ -82,7 +82,6 @@ impl QueuePair {
                     });
                 };
                 let arena = &state.arenas[pd];
-                let mut used = Vec::with_capacity(wrs.len());
                 let mut result = Ok(());
                 for wr in wrs {
                     match post(slot, arena, wr) {
@@ -92,16 +91,13 @@ impl QueuePair {
                                 Queue::Send => slot.sq_regions.push_back(region),
                                 Queue::Recv => slot.rq_regions.push_back(region),
                             }
-                            used.push(region);
+                            use_region(&mut state.region_users, pd, region);
                         }
                         Err(e) => {
                             result = Err(e.into());
                             break;
                         }
                     }
-                }
-                for region in used {
-                    state.use_region(pd, region);
                 }
                 result
             })

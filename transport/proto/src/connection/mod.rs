@@ -731,6 +731,10 @@ impl Connection {
     /// resends) response packets, so letting a later WRITE overtake would let the READ see the
     /// WRITE's data. This is verbs' `IBV_SEND_FENCE`, applied always (see docs/semantics.md).
     fn enqueue_posted(&mut self) {
+        if self.sq.all_queued() {
+            // The common case after every datagram: nothing new to give PSNs to.
+            return;
+        }
         let max_payload = self.max_payload;
         let mut read_pending = self.sq.awaits_read_response();
         for entry in self.sq.unqueued_mut() {
@@ -784,8 +788,8 @@ impl Connection {
             self.state,
             ConnectionState::Established | ConnectionState::Draining
         ) {
-            let awaiting = self.sq.awaits_response();
-            self.tx.arm(now, awaiting);
+            let sq = &self.sq;
+            self.tx.arm(now, || sq.awaits_response());
         }
     }
 

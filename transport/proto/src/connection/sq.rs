@@ -103,6 +103,11 @@ impl SendQueue {
         self.entries.iter_mut().skip_while(|e| e.queued)
     }
 
+    /// Whether every posted request already has its PSNs (the last one is queued).
+    pub fn all_queued(&self) -> bool {
+        self.entries.back().is_none_or(|e| e.queued)
+    }
+
     /// Whether some request waits for a response from the peer.
     pub fn awaits_response(&self) -> bool {
         self.entries

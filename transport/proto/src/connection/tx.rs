@@ -536,8 +536,10 @@ impl TxStream {
 
     /// Keeps the retransmission timer armed while the connection waits for the peer (unacked
     /// packets, or READ and atomic responses), and disarmed otherwise.
-    pub fn arm(&mut self, now: Time, awaiting_response: bool) {
-        if !self.has_unacked() && !awaiting_response {
+    /// `awaiting_response` is asked only when nothing is unacknowledged (it scans the send
+    /// queue).
+    pub fn arm(&mut self, now: Time, awaiting_response: impl FnOnce() -> bool) {
+        if !self.has_unacked() && !awaiting_response() {
             self.rto_deadline = None;
         } else if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now + self.rto);
