@@ -36,6 +36,16 @@ pub(crate) enum Fault {
     Abort(u32),
 }
 
+/// The channel to `rank`, or a failure naming the missing cable.
+pub(crate) fn channel_to(
+    chans: &mut [Option<Channel>],
+    rank: usize,
+) -> Result<&mut Channel, Fault> {
+    chans[rank]
+        .as_mut()
+        .ok_or_else(|| Fault::Failed(format!("no cable to rank {rank}")))
+}
+
 /// The connection to one neighbour.
 #[derive(Debug)]
 pub(crate) struct Channel {

@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use crate::channel::Fault;
+use crate::channel::{Fault, channel_to};
 use crate::comm::{Communicator, Step};
 use crate::dtype::{DType, ReduceOp, reduce_ranks};
 use crate::error::Result;
@@ -118,9 +118,7 @@ pub(crate) fn broadcast(comm: &mut Communicator, buf: &mut [u8], root: usize) ->
     } else {
         let mut c = 0;
         comm.drive("broadcast", |chans, _| {
-            let Some(ch) = chans[root].as_mut() else {
-                return Err(Fault::Failed(format!("no cable to rank {root}")));
-            };
+            let ch = channel_to(chans, root)?;
             let mut progressed = false;
             while c < nchunks && ch.peek().is_some() {
                 ch.consume(&mut buf[chunk(c, chunk_bytes, len)])?;

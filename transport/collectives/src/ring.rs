@@ -10,7 +10,7 @@
 
 use std::ops::Range;
 
-use crate::channel::Fault;
+use crate::channel::channel_to;
 use crate::comm::{Communicator, Step};
 use crate::dtype::{DType, ReduceOp, combine, finish_avg};
 use crate::error::Result;
@@ -94,9 +94,7 @@ pub(crate) fn run(comm: &mut Communicator, work: &mut [u8], plan: &Plan) -> Resu
     comm.drive(op_name(plan.phases), |chans, scratch| {
         let mut progressed = false;
         {
-            let Some(ch) = chans[prev].as_mut() else {
-                return Err(Fault::Failed(format!("no cable to rank {prev}")));
-            };
+            let ch = channel_to(chans, prev)?;
             while recvd < end && ch.peek().is_some() {
                 let (s, j) = (recvd / m, recvd % m);
                 let range = chunk_of(recv_label(s), j);
@@ -117,9 +115,7 @@ pub(crate) fn run(comm: &mut Communicator, work: &mut [u8], plan: &Plan) -> Resu
             }
         }
         {
-            let Some(ch) = chans[next].as_mut() else {
-                return Err(Fault::Failed(format!("no cable to rank {next}")));
-            };
+            let ch = channel_to(chans, next)?;
             // A chunk can leave once the step before has reduced (or received) it.
             while sent < end && (sent < begin + m || recvd + m > sent) && ch.can_send() {
                 let (s, j) = (sent / m, sent % m);
@@ -165,9 +161,7 @@ pub(crate) fn broadcast(comm: &mut Communicator, buf: &mut [u8], root: usize) ->
     comm.drive("broadcast", |chans, _| {
         let mut progressed = false;
         if recvd < receives {
-            let Some(ch) = chans[prev].as_mut() else {
-                return Err(Fault::Failed(format!("no cable to rank {prev}")));
-            };
+            let ch = channel_to(chans, prev)?;
             while recvd < receives && ch.peek().is_some() {
                 ch.consume(&mut buf[range(recvd)])?;
                 recvd += 1;
@@ -175,9 +169,7 @@ pub(crate) fn broadcast(comm: &mut Communicator, buf: &mut [u8], root: usize) ->
             }
         }
         if sent < sends {
-            let Some(ch) = chans[next].as_mut() else {
-                return Err(Fault::Failed(format!("no cable to rank {next}")));
-            };
+            let ch = channel_to(chans, next)?;
             while sent < sends && (pos == 0 || sent < recvd) && ch.can_send() {
                 ch.send(&buf[range(sent)])?;
                 sent += 1;
@@ -216,9 +208,7 @@ pub(crate) fn pipe(
     comm.drive(op, |chans, _| {
         let mut progressed = false;
         if let Some(p) = from {
-            let Some(ch) = chans[p].as_mut() else {
-                return Err(Fault::Failed(format!("no cable to rank {p}")));
-            };
+            let ch = channel_to(chans, p)?;
             while recvd < receives && ch.peek().is_some() {
                 ch.consume(&mut buf[range(recvd)])?;
                 recvd += 1;
@@ -226,9 +216,7 @@ pub(crate) fn pipe(
             }
         }
         if let Some(p) = to {
-            let Some(ch) = chans[p].as_mut() else {
-                return Err(Fault::Failed(format!("no cable to rank {p}")));
-            };
+            let ch = channel_to(chans, p)?;
             while sent < sends && (from.is_none() || sent < recvd) && ch.can_send() {
                 ch.send(&buf[range(sent)])?;
                 sent += 1;
