@@ -139,11 +139,65 @@ fn set_buffer(
 /// bytes where the kernel allows (0 keeps the default). Forcing past the sysctl caps is tried
 /// first; the sizes actually obtained are logged and can be read with [`buffer_sizes`]. A size
 /// the kernel caps is not an error.
+/// Connects the UDP socket to `peer` (the kernel then routes and demultiplexes its datagrams
+/// from cached state, and drops datagrams from anyone else), or with `None` dissolves the
+/// association so that it accepts datagrams from any address again.
+pub fn set_udp_peer(socket: &UdpSocket, peer: Option<SocketAddr>) -> io::Result<()> {
+    if let Some(peer) = peer {
+        return socket.connect(peer);
+    }
+    // SAFETY: an all-zero sockaddr is a valid value of that plain C struct.
+    let mut unspec: libc::sockaddr = unsafe { std::mem::zeroed() };
+    unspec.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+    // SAFETY: `socket` is a live descriptor; `unspec` is a sockaddr on this frame whose exact
+    // size is passed. connect(2) with AF_UNSPEC dissolves a UDP association.
+    let rc = unsafe {
+        libc::connect(
+            socket.as_raw_fd(),
+            &unspec,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Binds a UDP socket to `addr` with the given buffer sizes. Port 0 picks a free port, and the
+/// socket is then bound to that port by number: Linux forgets an automatically chosen port
+/// when a connected UDP socket is disconnected (see [`set_udp_peer`]), a number given to
+/// `bind` it keeps.
 pub fn bind_udp(addr: SocketAddr, rcvbuf: usize, sndbuf: usize) -> io::Result<UdpSocket> {
-    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    set_buffer(&socket, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, rcvbuf)?;
-    set_buffer(&socket, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, sndbuf)?;
-    socket.bind(&SockAddr::from(addr))?;
+    let new_socket = || -> io::Result<Socket> {
+        let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+        set_buffer(&socket, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, rcvbuf)?;
+        set_buffer(&socket, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, sndbuf)?;
+        Ok(socket)
+    };
+    let socket = if addr.port() != 0 {
+        let socket = new_socket()?;
+        socket.bind(&SockAddr::from(addr))?;
+        socket
+    } else {
+        let mut attempt = 0;
+        loop {
+            let probe = new_socket()?;
+            probe.bind(&SockAddr::from(addr))?;
+            let port = probe.local_addr()?.as_socket().map_or(0, |a| a.port());
+            drop(probe);
+            let socket = new_socket()?;
+            let mut fixed = addr;
+            fixed.set_port(port);
+            match socket.bind(&SockAddr::from(fixed)) {
+                Ok(()) => break socket,
+                // Another process took the port in between: pick another.
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && attempt < 8 => attempt += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    };
     let socket: UdpSocket = socket.into();
     match buffer_sizes(&socket) {
         Ok((rcv, snd)) => {

@@ -38,10 +38,9 @@ pub struct Config {
     pub ack_every: u32,
     /// How long the acknowledgement of a completed message may wait for a packet of this side
     /// (a reply) to carry it, before it goes out on its own. Saves one datagram each way per
-    /// ping-pong exchange (measured: 8 B round trip over veth 22 → 13 µs with 10 µs). Off by
-    /// default: with caller progress, an application that stops polling after a receive would
-    /// hold the ACK until it polls again and the peer would retransmit (the NCCL plugin's
-    /// harness did exactly that). Turn it on for callers that keep polling.
+    /// ping-pong exchange. Off in the core by default; the engine turns it on for caller-driven
+    /// connections, where the application's next poll (or the engine's keeper thread, when the
+    /// application stops polling) ends the hold early — see `tbrdma_engine::worker`.
     pub ack_hold: Duration,
     /// Maximum outstanding send-queue requests (`max_send_wr`).
     pub max_send_wr: usize,

@@ -170,6 +170,8 @@ fn config_for(device: &Device, opts: &QpOptions) -> Config {
     // Never advertise more than the socket buffer holds: the kernel would drop the excess.
     let limit = device.inner.engine.window_limit(config.max_datagram);
     config.window = config.window.min(limit);
+    // Caller progress: acknowledgements wait for the application's next poll (engine docs).
+    config.ack_hold = device.inner.engine.ack_hold_for(config.ack_hold);
     config
 }
 
@@ -217,7 +219,7 @@ fn register(
                 send_cq.shared.clone(),
                 recv_cq.shared.clone(),
             );
-            state.conns.insert(agreed.qp_num, slot);
+            state.add_slot(agreed.qp_num, slot);
         })
         .map_err(VerbsError::io("starting the connection"))?;
     Ok(QueuePair {

@@ -114,8 +114,11 @@ pub enum VerbsError {
 
 impl VerbsError {
     pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> VerbsError {
-        let context = context.into();
-        move |source| VerbsError::Io { context, source }
+        // The context becomes a String only on error: this sits on every poll and post.
+        move |source| VerbsError::Io {
+            context: context.into(),
+            source,
+        }
     }
 }
 

@@ -248,7 +248,11 @@ fn several_queue_pairs_share_a_device() {
 
 #[test]
 fn datagrams_from_strangers_are_dropped() {
-    let (server_dev, _client_dev, server, client, cq, src, target) = pair(64);
+    // Two client devices, so the server's data socket serves two peers and is not connected to
+    // either: the engine's own filter is what stops a stranger (with a single peer the socket
+    // is connected and the kernel drops strangers' datagrams before the engine sees them).
+    let (server_dev, target, clients) = server_with_clients(2);
+    let server = &clients[0].4;
     // A datagram naming the server's live queue pair, but from a socket that is not its peer.
     let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let mut forged = vec![0u8; 64];
@@ -266,25 +270,91 @@ fn datagrams_from_strangers_are_dropped() {
             "forged datagrams were not counted as foreign"
         );
     }
-    // The real connection still works.
-    client
-        .qp
-        .post_send(&[SendWr {
-            wr_id: 1,
-            local: src.sge(0, 8),
-            op: SendOp::Write {
-                remote: target.remote(0),
-            },
-        }])
+    // The real connections still work.
+    write_from_each(&server_dev, &target, &clients, 0);
+}
+
+/// A server device and `n` client devices (each its own peer address), each connected to it.
+type Client = (Device, CompletionQueue, MemoryRegion, Connected, Connected);
+
+fn server_with_clients(n: u8) -> (Device, MemoryRegion, Vec<Client>) {
+    let server_dev = Device::open("127.0.0.1", caller()).unwrap();
+    let server_pd = server_dev.alloc_pd();
+    let target = server_pd
+        .alloc_mr(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .unwrap();
-    let mut buf = [Completion::default(); 4];
-    let start = Instant::now();
-    loop {
-        server_dev.progress().unwrap();
-        if cq.poll(&mut buf).unwrap() > 0 {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10));
+    let server_cq = server_dev.create_cq(64);
+    let listener = Listener::bind(&server_dev, 0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut clients = Vec::new();
+    for i in 0..n {
+        let dev = Device::open("127.0.0.1", caller()).unwrap();
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(64);
+        let src = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+        src.write(0, &[i + 1; 1000]);
+        let (client, server) = std::thread::scope(|s| {
+            let (l, spd, scq) = (&listener, &server_pd, &server_cq);
+            let h = s.spawn(move || {
+                l.accept(
+                    spd,
+                    scq,
+                    scq,
+                    &QpOptions::default(),
+                    Some(Duration::from_secs(10)),
+                )
+                .unwrap()
+            });
+            let c = connect(&pd, addr, &cq, &cq, &QpOptions::default()).unwrap();
+            (c, h.join().unwrap())
+        });
+        clients.push((dev, cq, src, client, server));
     }
-    assert_eq!(buf[0].wc.status, WcStatus::Success);
+    (server_dev, target, clients)
+}
+
+/// Each client WRITEs its kilobyte into its own place of `target`; checks they all land.
+fn write_from_each(server_dev: &Device, target: &MemoryRegion, clients: &[Client], round: usize) {
+    let remote = target.remote(0);
+    for (i, (dev, cq, src, client, _)) in clients.iter().enumerate() {
+        let at = (round * clients.len() + i) * 1000;
+        let wr = SendWr {
+            wr_id: i as u64,
+            local: src.sge(0, 1000),
+            op: SendOp::Write {
+                remote: RemoteAddr {
+                    addr: remote.addr + at as u64,
+                    rkey: remote.rkey,
+                },
+            },
+        };
+        client.qp.post_send(&[wr]).unwrap();
+        let mut buf = [Completion::default(); 4];
+        let start = Instant::now();
+        loop {
+            server_dev.progress().unwrap();
+            dev.progress().unwrap();
+            if cq.poll(&mut buf).unwrap() > 0 {
+                assert_eq!(buf[0].wc.status, WcStatus::Success, "client {i}");
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "client {i} hangs"
+            );
+        }
+        let mut back = [0u8; 1000];
+        target.read(at, &mut back);
+        assert_eq!(back, [i as u8 + 1; 1000], "client {i}, round {round}");
+    }
+}
+
+/// A device whose socket is connected to its only peer (engine: `Binding`) must still accept a
+/// second peer, keep its port when it disconnects, and keep serving the first.
+#[test]
+fn a_second_peer_is_reachable_after_the_first_had_the_socket_to_itself() {
+    let (server_dev, target, clients) = server_with_clients(2);
+    for round in 0..2 {
+        write_from_each(&server_dev, &target, &clients, round);
+    }
 }

@@ -143,6 +143,11 @@ pub trait DatagramIo: Send + std::fmt::Debug {
 
     /// Datagrams dropped because the kernel had no room to send them.
     fn send_drops(&self) -> u64;
+
+    /// Connects the socket to `peer`, the only address its connections talk to (datagrams to
+    /// it then leave without an address, on the route the kernel cached), or with `None`
+    /// returns it to accepting any address.
+    fn set_peer(&mut self, peer: Option<SocketAddr>) -> io::Result<()>;
 }
 
 /// Opens the backend `preferred` on `socket`; io_uring falls back to sockets when the kernel

@@ -380,7 +380,7 @@ enum SendDone {
 impl TxState {
     /// Points one message header per datagram at the batch's buffers. Called only with nothing
     /// in flight, so growing the vectors moves no memory the kernel reads.
-    fn prepare(&mut self, batch: &TxBatch) {
+    fn prepare(&mut self, batch: &TxBatch, peer: Option<SocketAddr>) {
         let n = batch.len();
         if self.hdrs.len() < n {
             // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
@@ -399,7 +399,11 @@ impl TxState {
         self.done.clear();
         for i in 0..n {
             let (data, dest) = batch.get(i);
-            let (name, name_len) = sockaddr(&dest);
+            let (name, mut name_len) = sockaddr(&dest);
+            if peer == Some(dest) {
+                // The connected peer: no address, the kernel's cached route.
+                name_len = 0;
+            }
             self.names[i] = name;
             self.iovs[i] = IoVec(libc::iovec {
                 iov_base: data.as_ptr() as *mut libc::c_void,
@@ -418,8 +422,10 @@ impl TxState {
         for i in 0..n {
             let mut hdr = zeroed_msghdr();
             // `wrapping_add` keeps this safe; `i < n <= len` so the pointers are in bounds.
-            hdr.msg_name = names.wrapping_add(i).cast();
-            hdr.msg_namelen = self.slots[i].name_len;
+            if self.slots[i].name_len > 0 {
+                hdr.msg_name = names.wrapping_add(i).cast();
+                hdr.msg_namelen = self.slots[i].name_len;
+            }
             hdr.msg_iov = iovs.wrapping_add(i).cast();
             hdr.msg_iovlen = 1;
             self.hdrs[i] = MsgHdr(hdr);
@@ -516,6 +522,8 @@ pub struct UringIo {
     wake_armed: Option<RawFd>,
     tx: TxState,
     send_drops: u64,
+    /// The address the socket is connected to, if any.
+    peer: Option<SocketAddr>,
     /// Times the multishot receive was armed.
     rx_arms: u64,
     setup: UringSetup,
@@ -626,6 +634,7 @@ impl UringIo {
             wake_armed: None,
             tx: TxState::default(),
             send_drops: 0,
+            peer: None,
             rx_arms: 0,
             setup: UringSetup {
                 flags,
@@ -808,7 +817,7 @@ impl DatagramIo for UringIo {
         }
         let fd = Fd(self.socket.as_raw_fd());
         let zc_from = self.setup.zero_copy_threshold;
-        self.tx.prepare(batch);
+        self.tx.prepare(batch, self.peer);
         // Completions (and zero-copy notifications) still owed by the kernel.
         let mut in_flight = 0usize;
         let mut first_error = None;
@@ -968,6 +977,12 @@ impl DatagramIo for UringIo {
 
     fn send_drops(&self) -> u64 {
         self.send_drops
+    }
+
+    fn set_peer(&mut self, peer: Option<SocketAddr>) -> io::Result<()> {
+        crate::socket::set_udp_peer(&self.socket, peer)?;
+        self.peer = peer;
+        Ok(())
     }
 }
 

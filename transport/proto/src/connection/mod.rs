@@ -578,6 +578,24 @@ impl Connection {
         self.keepalive_sent.unwrap_or(self.last_heard) + self.config.keepalive_interval
     }
 
+    /// Whether an acknowledgement is being held for a reply to carry (see [`Config::ack_hold`]).
+    pub fn ack_held(&self) -> bool {
+        self.rx.ack_needed()
+            && self.rx.ack_deferred()
+            && self.ack_hold_until.is_some_and(|t| t > Time::ZERO)
+    }
+
+    /// Ends the hold of a held acknowledgement now: the next transmit pass sends it unless a
+    /// packet of this side carries it first. A caller-driven engine calls this when the
+    /// application comes back into the engine, so that a hold lasts one application step rather
+    /// than a fixed time.
+    pub fn release_held_ack(&mut self) {
+        if self.ack_held() {
+            // Due since the beginning of time: the next pass sends it.
+            self.ack_hold_until = Some(Time::ZERO);
+        }
+    }
+
     /// The earliest time [`Self::handle_timeout`] has something to do, if any.
     pub fn poll_timeout(&self) -> Option<Time> {
         match self.state {

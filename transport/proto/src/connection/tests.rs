@@ -1012,6 +1012,44 @@ fn writes_the_peer_acknowledged_in_its_close_complete_successfully() {
 }
 
 #[test]
+fn a_released_hold_sends_the_ack_without_waiting_for_its_time() {
+    // A hold far longer than any retransmission timeout: only the release can end it.
+    let config = Config {
+        ack_hold: Duration::from_secs(100),
+        ..Config::default()
+    };
+    let mut p = pair_with(LinkConfig::default(), config);
+    let a_buf = p.a.mem.alloc(64, RW);
+    let b_buf = p.b.mem.alloc(64, RW);
+    p.a.mem.fill(&a_buf, 0, &[7; 8]);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&a_buf, 0, 8),
+        op: SendOp::Write {
+            remote: remote(&b_buf, 0),
+        },
+    })
+    .unwrap();
+    assert!(p.drive_until(STEPS, |p| p.b.mem.bytes(&b_buf, 0, 8) == [7; 8]));
+    assert!(p.b.conn.ack_held(), "the ACK waits for a reply");
+    assert_eq!(p.b.conn.stats().acks_sent, 0);
+    p.b.conn.release_held_ack();
+    assert!(!p.b.conn.ack_held());
+    assert!(p.drive_until(STEPS, |p| p.b.conn.stats().acks_sent > 0));
+    assert!(p.drive(STEPS));
+    let wcs = p.a.take_completions();
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success)]
+    );
+    assert_eq!(
+        p.a.conn.stats().retransmits,
+        0,
+        "released before any timeout"
+    );
+}
+
+#[test]
 fn a_held_ack_rides_on_the_reply() {
     for (hold, expect_acks) in [(Duration::ZERO, true), (Duration::from_micros(10), false)] {
         let config = Config {
