@@ -1,9 +1,11 @@
 //! A channel: the connection to one neighbour rank and the pre-registered slots on both sides.
 //!
 //! Data moves as WRITE_WITH_IMM from a slot of the local outbox into the same slot of the
-//! peer's inbox; the immediate says what the message is. The receiver hands slots back in
-//! batches (a zero-length WRITE_WITH_IMM carrying a count), so a sender never overwrites a slot
-//! the peer has not read. Messages are consumed in the order they were sent (completions are in
+//! peer's inbox; the immediate says what the message is. The receiver hands slots back so a
+//! sender never overwrites a slot the peer has not read: on its own data messages (up to 63
+//! slots in the immediate's spare bits, which in a collective's steady state returns every slot
+//! with no message of its own), or, when half the slots are owed, in a zero-length
+//! WRITE_WITH_IMM carrying a count. Messages are consumed in the order they were sent (completions are in
 //! order), so the slot of a message is its sequence number modulo the slot count.
 //!
 //! This module registers memory only when a channel is built; it never blocks: callers poll and
@@ -16,8 +18,11 @@ use tbrdma_verbs::{
     WcOpcode, WcStatus,
 };
 
-/// Immediate layout: two kind bits, then 24 bits of payload.
+/// Immediate layout: two kind bits, six bits of slots handed back (data messages), then 24 bits
+/// of payload.
 const KIND_SHIFT: u32 = 30;
+const CARRIED_SHIFT: u32 = 24;
+const CARRIED_MAX: u64 = (1 << (KIND_SHIFT - CARRIED_SHIFT)) - 1;
 const PAYLOAD: u32 = (1 << 24) - 1;
 const KIND_DATA: u32 = 0;
 const KIND_CREDIT: u32 = 1;
@@ -159,6 +164,7 @@ impl Channel {
                     let payload = imm & PAYLOAD;
                     match imm >> KIND_SHIFT {
                         KIND_DATA => {
+                            self.credits += u64::from((imm >> CARRIED_SHIFT) & CARRIED_MAX as u32);
                             let expect = (self.arrived_total & u64::from(PAYLOAD)) as u32;
                             if payload != expect || wc.byte_len as usize > self.slot_bytes {
                                 return Err(Fault::Failed(format!(
@@ -206,12 +212,17 @@ impl Channel {
         if !data.is_empty() {
             self.outbox.write(at, data);
         }
+        // Slots consumed since the last hand-back ride along.
+        let carried = (self.consumed - self.credited).min(CARRIED_MAX);
         self.post_write(
             self.sent,
             at,
             data.len(),
-            (KIND_DATA << KIND_SHIFT) | (self.sent & u64::from(PAYLOAD)) as u32,
+            (KIND_DATA << KIND_SHIFT)
+                | ((carried as u32) << CARRIED_SHIFT)
+                | (self.sent & u64::from(PAYLOAD)) as u32,
         )?;
+        self.credited += carried;
         self.sent += 1;
         Ok(())
     }

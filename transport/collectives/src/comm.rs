@@ -361,10 +361,14 @@ impl Communicator {
     ) -> Result<()> {
         let mut last_progress = Instant::now();
         let mut idle: u32 = 0;
+        // The first step runs before the first poll: data posted then carries the
+        // acknowledgements the engine still holds for the previous call's messages (a poll
+        // would send them first, each in a datagram of its own).
+        let mut polled = false;
         loop {
             let mut moved = false;
             let mut fault = None;
-            for ch in self.chans.iter_mut().flatten() {
+            for ch in self.chans.iter_mut().flatten().filter(|_| polled) {
                 match ch.poll() {
                     Ok(m) => moved |= m,
                     Err(f) => {
@@ -373,6 +377,7 @@ impl Communicator {
                     }
                 }
             }
+            polled = true;
             if fault.is_none() {
                 match step(&mut self.chans, &mut self.scratch) {
                     Ok(Step::Done) => return Ok(()),
