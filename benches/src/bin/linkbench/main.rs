@@ -6,6 +6,12 @@
 //! CPU 0), prints one table and the ratios against the targets of issue 3,
 //! and always takes the lab down (on error, panic and SIGINT/SIGTERM too).
 //!
+//! The whole list of cases runs `--rounds` times (3 by default), interleaved: round 1 runs every
+//! case in order, then round 2 runs them all again, and so on, so that the machine's drift
+//! between cases hits every system alike. The table shows, per case, the round with the median
+//! figure (p50, or MiB/s for bandwidth) and lists every round's; each ratio is computed within
+//! each round (ours and the baseline from the same round) and reported as the median of those.
+//!
 //! The parent owns the lab and the child processes; the children ([`child`]) own one case each
 //! and report it on one `RESULT` line. The kernel baselines live in [`kernel`], the tbrdma
 //! cases in [`rdma`], the table in [`report`].
@@ -107,15 +113,21 @@ pub struct Options {
     pub json: bool,
     /// Run only the cases whose name contains one of these (all when empty).
     pub only: Vec<String>,
+    /// How many times the whole list of selected cases runs, interleaved (at least 1).
+    pub rounds: usize,
 }
 
-const USAGE: &str = "usage: linkbench [--iters N] [--warmup N] [--seconds S] [--only A,B] [--json]
+const USAGE: &str = "usage: linkbench [--iters N] [--warmup N] [--seconds S] [--only A,B]
+                 [--rounds N] [--json]
   Run as root. Measures tbrdma SEND/WRITE round trips and WRITE bandwidth against busy-polling
   UDP, blocking TCP (TCP_NODELAY) and one TCP stream, over one veth pair.
   --iters N     measured round trips per latency case (default 10000)
   --warmup N    round trips before measuring (default 1000)
   --seconds S   length of each bandwidth case (default 2)
   --only A,B    run only the cases whose name contains A or B (e.g. udp,send-uring)
+  --rounds N    run the selected cases N times, interleaved (default 3); the table shows each
+                case's median round and the ratios are medians of per-round ratios (with an
+                even N, the lower of the two middle values)
   --json        print the results as JSON instead of the table";
 
 fn parse_options(args: &[String]) -> anyhow::Result<Options> {
@@ -125,6 +137,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
         duration: Duration::from_secs(2),
         json: false,
         only: Vec::new(),
+        rounds: 3,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -140,6 +153,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
                 options.duration =
                     Duration::from_secs_f64(value("--seconds")?.parse().context("--seconds")?)
             }
+            "--rounds" => options.rounds = value("--rounds")?.parse().context("--rounds")?,
             "--json" => options.json = true,
             "--only" => {
                 options.only = value("--only")?
@@ -157,6 +171,9 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
     }
     if options.iters == 0 {
         bail!("--iters must be at least 1");
+    }
+    if options.rounds == 0 {
+        bail!("--rounds must be at least 1");
     }
     Ok(options)
 }

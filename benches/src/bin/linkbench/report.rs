@@ -1,4 +1,9 @@
 //! The results: one table of every case, then the ratios the targets name, as text or JSON.
+//!
+//! With several rounds, each table row is the case's median round (by p50, or MiB/s for
+//! bandwidth), so every number printed was measured, and lists every round's figure; each ratio
+//! is computed within each round and its value is the median of those per-round ratios. A
+//! median of an even count is the lower of the two middle values, for the same reason.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -73,10 +78,22 @@ impl Outcome {
         }
     }
 
-    fn p50(&self) -> Option<f64> {
+    /// The figure rounds are compared by: p50 in nanoseconds for round trips, MiB/s for
+    /// bandwidth; `None` when the case failed.
+    fn figure(&self) -> Option<f64> {
         match *self {
             Outcome::RoundTrips { p50, .. } => Some(p50 as f64),
-            Outcome::Bandwidth { .. } | Outcome::Failed => None,
+            Outcome::Bandwidth { .. } => Some(self.mib_per_s()),
+            Outcome::Failed => None,
+        }
+    }
+
+    /// [`Self::figure`] as the table prints it: p50 in µs, or whole MiB/s.
+    fn figure_text(&self) -> String {
+        match *self {
+            Outcome::RoundTrips { p50, .. } => format!("{:.1}", us(p50)),
+            Outcome::Bandwidth { .. } => format!("{:.0}", self.mib_per_s()),
+            Outcome::Failed => "FAILED".into(),
         }
     }
 
@@ -139,6 +156,8 @@ impl Counters {
 pub struct Record {
     /// The case.
     pub case: Case,
+    /// The round it ran in, from 1.
+    pub round: usize,
     /// What it measured.
     pub outcome: Outcome,
     /// tbrdma cases: the client's counters.
@@ -164,19 +183,104 @@ pub struct Run {
     pub elapsed: Duration,
     /// The options.
     pub options: Options,
-    /// Every case, in run order.
+    /// Every case of every round, in run order.
     pub records: Vec<Record>,
+}
+
+/// The index of the median of the values present, the lower middle one for an even count (so
+/// that it is always one of the values); `None` when none is.
+fn median_index(values: &[Option<f64>]) -> Option<usize> {
+    let mut present: Vec<(usize, f64)> = values
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| v.filter(|v| !v.is_nan()).map(|v| (i, v)))
+        .collect();
+    present.sort_by(|a, b| a.1.total_cmp(&b.1));
+    present
+        .get(present.len().saturating_sub(1) / 2)
+        .map(|&(i, _)| i)
+}
+
+/// The records grouped by case, cases in run order, each case's records in round order.
+fn by_case(run: &Run) -> Vec<Vec<&Record>> {
+    let mut groups: Vec<Vec<&Record>> = Vec::new();
+    for record in &run.records {
+        match groups.iter_mut().find(|g| g[0].case == record.case) {
+            Some(group) => group.push(record),
+            None => groups.push(vec![record]),
+        }
+    }
+    groups
+}
+
+/// The round of a case whose figure is the median (the first round when every one failed).
+fn median_round<'a>(rounds: &[&'a Record]) -> &'a Record {
+    let figures: Vec<Option<f64>> = rounds.iter().map(|r| r.outcome.figure()).collect();
+    rounds[median_index(&figures).unwrap_or(0)]
+}
+
+/// A case's figure in each round ([`Outcome::figure`], `None` where it failed), or `None` when
+/// the case was not run.
+fn figures(run: &Run, bench: Bench, size: usize) -> Option<Vec<Option<f64>>> {
+    let case = Case { bench, size };
+    let records: Vec<&Record> = run.records.iter().filter(|r| r.case == case).collect();
+    if records.is_empty() {
+        return None;
+    }
+    let figure = |round| {
+        records
+            .iter()
+            .find(|r| r.round == round)
+            .and_then(|r| r.outcome.figure())
+    };
+    Some((1..=run.options.rounds).map(figure).collect())
 }
 
 /// A comparison the targets name, or one given for information.
 struct Ratio {
     label: String,
+    /// `ours / baseline` within each round; `None` where either failed.
+    per_round: Vec<Option<f64>>,
+    /// The median of `per_round`; NaN when no round gave both.
     value: f64,
     /// `(limit, at_most)`: the target, if there is one.
     target: Option<(f64, bool)>,
 }
 
 impl Ratio {
+    /// The ratio of two cases' per-round figures ([`figures`]), round by round.
+    fn new(
+        label: String,
+        ours: &[Option<f64>],
+        baseline: &[Option<f64>],
+        target: Option<(f64, bool)>,
+    ) -> Ratio {
+        let per_round: Vec<Option<f64>> = ours
+            .iter()
+            .zip(baseline)
+            .map(|(&ours, &baseline)| Some(ours? / baseline?))
+            .collect();
+        let value = median_index(&per_round)
+            .and_then(|i| per_round[i])
+            .unwrap_or(f64::NAN);
+        Ratio {
+            label,
+            per_round,
+            value,
+            target,
+        }
+    }
+
+    /// The per-round ratios, e.g. `1.21 1.18 1.25` (`-` where a round failed).
+    fn per_round_text(&self) -> String {
+        let text: Vec<String> = self
+            .per_round
+            .iter()
+            .map(|r| r.map_or("-".into(), |r| format!("{r:.2}")))
+            .collect();
+        text.join(" ")
+    }
+
     fn verdict(&self) -> &'static str {
         if self.value.is_nan() {
             return "FAILED";
@@ -198,53 +302,58 @@ impl Ratio {
     }
 }
 
-fn find(run: &Run, bench: Bench, size: usize) -> Option<Outcome> {
-    run.records
-        .iter()
-        .find(|r| r.case.bench == bench && r.case.size == size)
-        .map(|r| r.outcome)
-}
-
 fn ratios(run: &Run) -> Vec<Ratio> {
     let mut out = Vec::new();
+    // A round-trip baseline that failed in every round gives no ratio at all (a failed
+    // tcp-stream gives FAILED ones), as before there were rounds.
+    let baseline =
+        |bench, size| figures(run, bench, size).filter(|f| f.iter().any(Option::is_some));
     for (size, udp_size) in [(8, 8), (4096, 4096), (65_536, 65_507)] {
-        let udp = find(run, Bench::UdpFloor, udp_size).and_then(|o| o.p50());
-        let tcp = find(run, Bench::TcpBlocking, size).and_then(|o| o.p50());
+        let udp = baseline(Bench::UdpFloor, udp_size);
+        let tcp = baseline(Bench::TcpBlocking, size);
         let targeted = size == 8;
         for engine in [EngineKind::Uring, EngineKind::Sockets] {
             for bench in [Bench::Send(engine), Bench::Write(engine)] {
-                let Some(ours) = find(run, bench, size).map(|o| o.p50().unwrap_or(f64::NAN)) else {
+                let Some(ours) = figures(run, bench, size) else {
                     continue;
                 };
-                if let Some(udp) = udp {
-                    out.push(Ratio {
-                        label: format!("{bench} {size} B p50 / udp-busy {udp_size} B p50"),
-                        value: ours / udp,
-                        target: targeted.then_some((1.2, true)),
-                    });
+                if let Some(udp) = &udp {
+                    out.push(Ratio::new(
+                        format!("{bench} {size} B p50 / udp-busy {udp_size} B p50"),
+                        &ours,
+                        udp,
+                        targeted.then_some((1.2, true)),
+                    ));
                 }
-                if let Some(tcp) = tcp {
-                    out.push(Ratio {
-                        label: format!("{bench} {size} B p50 / tcp-nodelay {size} B p50"),
-                        value: ours / tcp,
-                        target: targeted.then_some((0.6, true)),
-                    });
+                if let Some(tcp) = &tcp {
+                    out.push(Ratio::new(
+                        format!("{bench} {size} B p50 / tcp-nodelay {size} B p50"),
+                        &ours,
+                        tcp,
+                        targeted.then_some((0.6, true)),
+                    ));
                 }
             }
         }
     }
-    let stream = find(run, Bench::TcpStream, 1 << 20).map(|o| o.mib_per_s());
+    let stream = figures(run, Bench::TcpStream, 1 << 20);
     for engine in [EngineKind::Uring, EngineKind::Sockets] {
         let bench = Bench::WriteBandwidth(engine);
-        if let (Some(ours), Some(tcp)) = (find(run, bench, 1 << 20), stream) {
-            out.push(Ratio {
-                label: format!("{bench} 1 MiB / tcp-stream 1 MiB"),
-                value: ours.mib_per_s() / tcp,
-                target: Some((1.0, false)),
-            });
+        if let (Some(ours), Some(tcp)) = (figures(run, bench, 1 << 20), &stream) {
+            out.push(Ratio::new(
+                format!("{bench} 1 MiB / tcp-stream 1 MiB"),
+                &ours,
+                tcp,
+                Some((1.0, false)),
+            ));
         }
     }
     out
+}
+
+/// A record's error on one line.
+fn error_text(record: &Record) -> String {
+    record.error.as_deref().unwrap_or("?").replace('\n', " / ")
 }
 
 /// The human-readable report.
@@ -275,18 +384,57 @@ pub fn table(run: &Run) -> String {
     );
     let _ = writeln!(
         s,
+        "rounds: {}, interleaved (all cases once per round); each row is the case's median round \
+         by p50 (MiB/s for bandwidth); ratios are medians of per-round ratios (ours and the \
+         baseline from the same round; lower middle for an even count)",
+        run.options.rounds
+    );
+    let _ = writeln!(
+        s,
         "load average: {} before, {} after (the two spinning processes of this benchmark add \
          about 2; more than that before the start means another job shared the cores)",
         run.load_before, run.load_after
     );
+    let groups = by_case(run);
+    // With one round, the per-round column would only repeat the row.
+    let per_round = |text: &str, width: usize| {
+        if run.options.rounds > 1 {
+            format!("  {text:<width$}")
+        } else {
+            String::new()
+        }
+    };
+    let round_texts: Vec<String> = groups
+        .iter()
+        .map(|rounds| {
+            let texts: Vec<String> = rounds.iter().map(|r| r.outcome.figure_text()).collect();
+            texts.join(" ")
+        })
+        .collect();
+    let width = round_texts
+        .iter()
+        .map(|t| t.chars().count())
+        .chain(["per round".len()])
+        .max()
+        .unwrap_or_default();
     let _ = writeln!(
         s,
-        "\n{:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9}  client datagrams",
-        "case", "size B", "p50 µs", "p99 µs", "mean µs", "max µs", ">=1 ms", "MiB/s",
+        "\n{:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9}{}  client datagrams",
+        "case",
+        "size B",
+        "p50 µs",
+        "p99 µs",
+        "mean µs",
+        "max µs",
+        ">=1 ms",
+        "MiB/s",
+        per_round("per round", width),
     );
     let per_iteration = run.options.iters + run.options.warmup;
-    for record in &run.records {
+    for (rounds, round_text) in groups.iter().zip(&round_texts) {
+        let record = median_round(rounds);
         let (case, outcome) = (&record.case, &record.outcome);
+        let round_column = per_round(round_text, width);
         let counters = record.counters.map_or(String::new(), |c| {
             let per = match outcome {
                 Outcome::RoundTrips { .. } => format!(
@@ -317,7 +465,8 @@ pub fn table(run: &Run) -> String {
             } => {
                 let _ = writeln!(
                     s,
-                    "{:<18} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8} {:>9}  {counters}",
+                    "{:<18} {:>8} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8} {:>9}{round_column}  \
+                     {counters}",
                     case.bench.name(),
                     case.size,
                     us(p50),
@@ -331,7 +480,8 @@ pub fn table(run: &Run) -> String {
             Outcome::Bandwidth { .. } => {
                 let _ = writeln!(
                     s,
-                    "{:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9.0}  {counters}",
+                    "{:<18} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9.0}{round_column}  \
+                     {counters}",
                     case.bench.name(),
                     case.size,
                     "-",
@@ -348,24 +498,43 @@ pub fn table(run: &Run) -> String {
                     "{:<18} {:>8}   FAILED: {}",
                     case.bench.name(),
                     case.size,
-                    record.error.as_deref().unwrap_or("?").replace('\n', " / ")
+                    error_text(record)
                 );
             }
+        }
+        // The other rounds that failed, so that no failure hides behind a median.
+        for failed in rounds
+            .iter()
+            .filter(|r| r.error.is_some() && r.round != record.round)
+        {
+            let _ = writeln!(
+                s,
+                "{:<18} {:>8}   round {} FAILED: {}",
+                case.bench.name(),
+                case.size,
+                failed.round,
+                error_text(failed)
+            );
         }
     }
     let _ = writeln!(
         s,
-        "\n{:<56} {:>7} {:>8} {:>7}",
-        "ratio", "value", "target", "verdict"
+        "\n{:<56} {:>7} {:>8} {:>7}{}",
+        "ratio",
+        "value",
+        "target",
+        "verdict",
+        per_round("per round", 0)
     );
     for r in ratios(run) {
         let _ = writeln!(
             s,
-            "{:<56} {:>7.2} {:>8} {:>7}",
+            "{:<56} {:>7.2} {:>8} {:>7}{}",
             r.label,
             r.value,
             r.target_text(),
-            r.verdict()
+            r.verdict(),
+            per_round(&r.per_round_text(), 0)
         );
     }
     s
@@ -387,7 +556,8 @@ fn json_str(s: &str) -> String {
     out
 }
 
-/// The same as JSON (one object).
+/// The same as JSON (one object): every round's records, each with its `round`, and each
+/// ratio's per-round values (`rounds`) next to their median (`value`).
 pub fn json(run: &Run) -> String {
     let cases: Vec<String> = run
         .records
@@ -424,23 +594,34 @@ pub fn json(run: &Run) -> String {
                 ),
             };
             format!(
-                "{{\"case\":{},\"size\":{},{body}{counters}}}",
+                "{{\"case\":{},\"size\":{},\"round\":{},{body}{counters}}}",
                 json_str(&case.bench.name()),
-                case.size
+                case.size,
+                record.round
             )
         })
         .collect();
+    // A ratio as JSON: `null` when it failed.
+    let number = |value: f64| {
+        if value.is_nan() {
+            "null".to_string()
+        } else {
+            format!("{value:.3}")
+        }
+    };
     let ratios: Vec<String> = ratios(run)
         .iter()
         .map(|r| {
+            let rounds: Vec<String> = r
+                .per_round
+                .iter()
+                .map(|v| number(v.unwrap_or(f64::NAN)))
+                .collect();
             format!(
-                "{{\"ratio\":{},\"value\":{},\"target\":{},\"verdict\":{}}}",
+                "{{\"ratio\":{},\"value\":{},\"rounds\":[{}],\"target\":{},\"verdict\":{}}}",
                 json_str(&r.label),
-                if r.value.is_nan() {
-                    "null".to_string()
-                } else {
-                    format!("{:.3}", r.value)
-                },
+                number(r.value),
+                rounds.join(","),
                 json_str(&r.target_text()),
                 json_str(r.verdict())
             )
@@ -448,16 +629,116 @@ pub fn json(run: &Run) -> String {
         .collect();
     format!(
         "{{\"lab\":{},\"server_cpu\":{SERVER_CPU},\"client_cpu\":{CLIENT_CPU},\
-         \"iters\":{},\"warmup\":{},\"bandwidth_seconds\":{},\"load_before\":{},\
-         \"load_after\":{},\"elapsed_s\":{:.1},\"cases\":[{}],\"ratios\":[{}]}}",
+         \"iters\":{},\"warmup\":{},\"bandwidth_seconds\":{},\"rounds\":{},\
+         \"load_before\":{},\"load_after\":{},\"elapsed_s\":{:.1},\"cases\":[{}],\
+         \"ratios\":[{}]}}",
         json_str(&run.lab),
         run.options.iters,
         run.options.warmup,
         run.options.duration.as_secs_f64(),
+        run.options.rounds,
         json_str(&run.load_before),
         json_str(&run.load_after),
         run.elapsed.as_secs_f64(),
         cases.join(","),
         ratios.join(",")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_is_a_present_value() {
+        assert_eq!(median_index(&[Some(8.4), Some(8.0), Some(8.1)]), Some(2));
+        // Even count: the lower middle one.
+        assert_eq!(
+            median_index(&[Some(3.0), Some(1.0), Some(4.0), Some(2.0)]),
+            Some(3)
+        );
+        // Failed rounds are left out.
+        assert_eq!(median_index(&[None, Some(5.0), Some(f64::NAN)]), Some(1));
+        assert_eq!(median_index(&[None, None]), None);
+    }
+
+    #[test]
+    fn ratio_is_the_median_of_per_round_ratios() {
+        let ours = [Some(12.0), Some(20.0), Some(9.0), None];
+        let udp = [Some(10.0), Some(10.0), Some(10.0), Some(10.0)];
+        let r = Ratio::new("x".into(), &ours, &udp, Some((1.2, true)));
+        assert_eq!(r.per_round, [Some(1.2), Some(2.0), Some(0.9), None]);
+        assert_eq!(r.value, 1.2);
+        assert_eq!(r.verdict(), "PASS");
+        assert_eq!(r.per_round_text(), "1.20 2.00 0.90 -");
+        let failed = Ratio::new("x".into(), &[None], &[Some(10.0)], None);
+        assert_eq!(failed.verdict(), "FAILED");
+    }
+
+    /// udp-busy and send-sockets at 8 B over three rounds, send-sockets failing in round 3.
+    fn three_rounds() -> Run {
+        let rtt = |p50| Outcome::RoundTrips {
+            count: 1,
+            p50,
+            p99: p50,
+            mean: p50 as f64,
+            min: p50,
+            max: p50,
+            over_1ms: 0,
+        };
+        let record = |bench, round, outcome| Record {
+            case: Case { bench, size: 8 },
+            round,
+            outcome,
+            counters: None,
+            error: matches!(outcome, Outcome::Failed).then(|| "boom".into()),
+        };
+        let send = Bench::Send(EngineKind::Sockets);
+        Run {
+            lab: "t".into(),
+            server_ip: [10, 0, 0, 1].into(),
+            client_ip: [10, 0, 0, 2].into(),
+            load_before: "0".into(),
+            load_after: "0".into(),
+            elapsed: Duration::ZERO,
+            options: Options {
+                iters: 1,
+                warmup: 0,
+                duration: Duration::ZERO,
+                json: false,
+                only: Vec::new(),
+                rounds: 3,
+            },
+            records: vec![
+                record(Bench::UdpFloor, 1, rtt(8_000)),
+                record(send, 1, rtt(12_000)),
+                record(Bench::UdpFloor, 2, rtt(6_000)),
+                record(send, 2, rtt(6_600)),
+                record(Bench::UdpFloor, 3, rtt(7_000)),
+                record(send, 3, Outcome::Failed),
+            ],
+        }
+    }
+
+    #[test]
+    fn table_and_json_show_every_round() {
+        let run = three_rounds();
+        let table = table(&run);
+        assert!(table.contains("rounds: 3,"), "{table}");
+        assert!(table.contains("8.0 6.0 7.0"), "{table}");
+        assert!(table.contains("12.0 6.6 FAILED"), "{table}");
+        assert!(table.contains("round 3 FAILED: boom"), "{table}");
+        // Ratios 1.50 and 1.10: the lower middle one.
+        assert!(
+            table.contains("1.10  <= 1.20    PASS  1.50 1.10 -"),
+            "{table}"
+        );
+        let json = json(&run);
+        assert!(json.contains("\"rounds\":3,"), "{json}");
+        assert!(json.contains("\"round\":3,\"error\":\"boom\""), "{json}");
+        assert!(
+            json.contains("\"value\":1.100,\"rounds\":[1.500,1.100,null]"),
+            "{json}"
+        );
+    }
 }

@@ -1,5 +1,6 @@
 //! The parent: builds the lab, runs every case as a server and a client process in the two
-//! namespaces, prints the report, and takes the lab down whatever happens.
+//! namespaces, once per round (all selected cases in order, then all again), prints the report,
+//! and takes the lab down whatever happens.
 //!
 //! SIGINT, SIGTERM and SIGHUP are blocked in every thread and taken by a watcher thread with
 //! `sigwait`: the first kills the children, which makes the running case fail and the lab
@@ -28,8 +29,7 @@ use crate::{Bench, Case, Options};
 pub const SERVER_CPU: usize = 1;
 /// See [`SERVER_CPU`].
 pub const CLIENT_CPU: usize = 0;
-/// First TCP/UDP port of the servers; case `i` uses `BASE_PORT + i`, so that no case meets a
-/// previous one's sockets in TIME_WAIT.
+/// First TCP/UDP port of the servers; see [`port`].
 const BASE_PORT: u16 = 18_515;
 /// Longest a server may take to exit once its client is done.
 const SERVER_EXIT: Duration = Duration::from_secs(10);
@@ -113,6 +113,18 @@ fn cases() -> Vec<Case> {
     cases
 }
 
+/// The server port of case `index` (in [`cases`]) in round `round` (from 1):
+/// `BASE_PORT + (round - 1) * cases().len() + index`, unique per case run, so that no case meets
+/// an earlier one's sockets in TIME_WAIT.
+fn port(round: usize, index: usize) -> anyhow::Result<u16> {
+    (round - 1)
+        .checked_mul(cases().len())
+        .and_then(|n| n.checked_add(index))
+        .and_then(|n| u16::try_from(n).ok())
+        .and_then(|n| BASE_PORT.checked_add(n))
+        .ok_or_else(|| anyhow!("--rounds {round} is too many: the server ports run past 65535"))
+}
+
 /// The 1-, 5- and 15-minute load averages.
 pub fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -185,6 +197,7 @@ fn run_case(
     exe: &Path,
     lab: &Lab,
     case: Case,
+    round: usize,
     port: u16,
     options: &Options,
 ) -> anyhow::Result<Record> {
@@ -255,6 +268,7 @@ fn run_case(
         .ok_or_else(|| anyhow!("{} {} B: no result in {stdout:?}", case.bench, case.size))?;
     Ok(Record {
         case,
+        round,
         outcome: Outcome::parse(result)?,
         counters: stdout
             .lines()
@@ -279,6 +293,16 @@ pub fn parent(options: &Options) -> anyhow::Result<()> {
         cpus > highest,
         "linkbench pins to CPUs {CLIENT_CPU} and {SERVER_CPU}; this machine has {cpus}"
     );
+    let selected: Vec<(usize, Case)> = cases()
+        .into_iter()
+        .enumerate()
+        .filter(|(_, case)| {
+            let name = case.bench.name();
+            options.only.is_empty() || options.only.iter().any(|o| name.contains(o.as_str()))
+        })
+        .collect();
+    // Fail on too many rounds before the lab exists, not in the middle of the run.
+    port(options.rounds, cases().len() - 1)?;
     let name = format!("lb{}", std::process::id() % 100_000);
     watch_signals(name.clone())?;
     let load_before = load_average();
@@ -307,34 +331,36 @@ pub fn parent(options: &Options) -> anyhow::Result<()> {
     );
     let exe = std::env::current_exe().context("finding this executable")?;
     let mut records = Vec::new();
-    for (i, case) in cases().into_iter().enumerate() {
-        let name = case.bench.name();
-        if !options.only.is_empty() && !options.only.iter().any(|o| name.contains(o.as_str())) {
-            continue;
+    for round in 1..=options.rounds {
+        if options.rounds > 1 {
+            eprintln!("round {round} of {}", options.rounds);
         }
-        ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
-        eprint!("  {:<18} {:>7} B ... ", case.bench.name(), case.size);
-        // A failed case is a result too (the table says why); only an interruption stops.
-        let record = match run_case(&exe, &lab, case, BASE_PORT + i as u16, options) {
-            Ok(record) => record,
-            Err(e) if !INTERRUPTED.load(Ordering::SeqCst) => Record {
-                case,
-                outcome: Outcome::Failed,
-                counters: None,
-                error: Some(format!("{e:#}")),
-            },
-            Err(e) => return Err(e),
-        };
-        eprintln!(
-            "{}{}",
-            record.outcome.short(),
-            record
-                .error
-                .as_deref()
-                .map(|e| format!(": {e}"))
-                .unwrap_or_default()
-        );
-        records.push(record);
+        for &(i, case) in &selected {
+            ensure!(!INTERRUPTED.load(Ordering::SeqCst), "interrupted");
+            eprint!("  {:<18} {:>7} B ... ", case.bench.name(), case.size);
+            // A failed case is a result too (the table says why); only an interruption stops.
+            let record = match run_case(&exe, &lab, case, round, port(round, i)?, options) {
+                Ok(record) => record,
+                Err(e) if !INTERRUPTED.load(Ordering::SeqCst) => Record {
+                    case,
+                    round,
+                    outcome: Outcome::Failed,
+                    counters: None,
+                    error: Some(format!("{e:#}")),
+                },
+                Err(e) => return Err(e),
+            };
+            eprintln!(
+                "{}{}",
+                record.outcome.short(),
+                record
+                    .error
+                    .as_deref()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default()
+            );
+            records.push(record);
+        }
     }
     let run = Run {
         lab: lab.name.clone(),
