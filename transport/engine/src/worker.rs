@@ -20,7 +20,7 @@
 //! sends it, unless a reply it posts first carries it. A ping-pong then costs one datagram each
 //! way instead of two (see docs/performance.md).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
@@ -30,6 +30,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
+// FxHash: these maps are looked up several times per datagram with small integer keys, which
+// SipHash (std's default, built against hash flooding) makes cost more. Only this process
+// inserts keys (queue pair numbers, region ids); a peer-supplied number is only looked up.
+use rustc_hash::FxHashMap as HashMap;
 use tbrdma_proto::connection::ConnectParams;
 use tbrdma_proto::{Config, Connection, Event, Queue, RegionId, Time, WorkCompletion};
 
@@ -535,8 +539,8 @@ impl Engine {
         tracing::debug!("kernel features:\n{features}");
         let state = State {
             arenas: Vec::new(),
-            region_users: HashMap::new(),
-            conns: HashMap::new(),
+            region_users: HashMap::default(),
+            conns: HashMap::default(),
             stats: EngineStats::default(),
             next_qpn: (random_u64() as u32) & 0x00ff_ffff,
             tx: binds
@@ -699,6 +703,21 @@ impl Engine {
                 Ok(result)
             }
         }
+    }
+
+    /// [`Engine::post`], or with `quiet` in caller mode, for work that puts nothing on the wire
+    /// by itself (posted receives), no transmit pass now: the next poll's pass routes whatever
+    /// it produced (a flushed receive on a failed connection, say).
+    pub fn post_maybe_quiet<R>(
+        &self,
+        quiet: bool,
+        f: impl FnOnce(&mut State, Time) -> R,
+    ) -> io::Result<R> {
+        if quiet && self.config.progress == Progress::Caller {
+            let mut state = self.lock();
+            return Ok(f(&mut state, self.now()));
+        }
+        self.post(f)
     }
 
     /// Caller mode: runs the loop once (receive, deadlines, transmit). Thread mode: nothing

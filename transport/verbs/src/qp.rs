@@ -71,10 +71,11 @@ impl QueuePair {
     ) -> Result<()> {
         let qp_num = self.qp_num;
         let pd = self.pd.index;
-        self.device
-            .inner
-            .engine
-            .post(|state, _now| {
+        let engine = &self.device.inner.engine;
+        // A posted receive puts nothing on the wire: no transmit pass for it (caller mode).
+        let quiet = queue == Queue::Recv;
+        engine
+            .post_maybe_quiet(quiet, |state, _now| {
                 let Some(slot) = state.conns.get_mut(&qp_num) else {
                     return Err(VerbsError::QpFailed {
                         qp_num,
