@@ -1,6 +1,7 @@
 /* libtbrdma: the C API of tbrdma. Every function returns TBRDMA_OK (0) or a negative
  * TBRDMA_ERR_* code; tbrdma_last_error() gives the message of the calling thread's last
- * failure. Example: docs/examples/tbrdma_write_read.c. */
+ * failure. Examples: docs/examples/tbrdma_write_read.c (verbs),
+ * docs/examples/tbrdma_allreduce.c (collectives). */
 
 #ifndef TBRDMA_H
 #define TBRDMA_H
@@ -104,6 +105,15 @@
 // A WRITE_WITH_IMM consumed a receive.
 #define TBRDMA_WC_OP_RECV_RDMA_WITH_IMM 6
 
+// All-reduce algorithm: by size and topology (`docs/collectives.md`).
+#define TBRDMA_ALGO_AUTO 0
+
+// All-reduce algorithm: one-shot (needs a cable between every two ranks).
+#define TBRDMA_ALGO_ONESHOT 1
+
+// All-reduce algorithm: the pipelined ring.
+#define TBRDMA_ALGO_RING 2
+
 // Success.
 #define TBRDMA_OK 0
 
@@ -137,6 +147,53 @@
 
 // A bug in tbrdma (a panic was caught).
 #define TBRDMA_ERR_INTERNAL -10
+
+// A rank failed or stopped answering during a collective (the message names it), or the
+// communicator is unusable after such a failure: free it.
+#define TBRDMA_ERR_RANK_FAILED -11
+
+// The ranks of a communicator disagree on the configuration (hostfile, options, tbrdma
+// version); the message names the rank and what differs.
+#define TBRDMA_ERR_MISMATCH -12
+
+// Element type of a collective's buffers. Functions take it as an `int`, so an unknown value
+// is refused with `TBRDMA_ERR_INVALID` rather than undefined.
+typedef enum tbrdma_dtype {
+  // IEEE binary32 (`float`).
+  TBRDMA_DTYPE_F32 = 0,
+  // IEEE binary64 (`double`).
+  TBRDMA_DTYPE_F64 = 1,
+  // IEEE binary16 (`_Float16`), accumulated in f32 and rounded once.
+  TBRDMA_DTYPE_F16 = 2,
+  // bfloat16 (the top half of a `float`), accumulated in f32 and rounded once.
+  TBRDMA_DTYPE_BF16 = 3,
+  // `int8_t`; sums and products wrap.
+  TBRDMA_DTYPE_I8 = 4,
+  // `uint8_t`; sums and products wrap.
+  TBRDMA_DTYPE_U8 = 5,
+  // `int32_t`; sums and products wrap.
+  TBRDMA_DTYPE_I32 = 6,
+  // `int64_t`; sums and products wrap.
+  TBRDMA_DTYPE_I64 = 7,
+} tbrdma_dtype;
+
+// Reduction operator (taken as an `int`, like `tbrdma_dtype`).
+typedef enum tbrdma_redop {
+  // Sum.
+  TBRDMA_REDOP_SUM = 0,
+  // Product.
+  TBRDMA_REDOP_PROD = 1,
+  // Minimum.
+  TBRDMA_REDOP_MIN = 2,
+  // Maximum.
+  TBRDMA_REDOP_MAX = 3,
+  // Sum divided by the world size (integers truncate).
+  TBRDMA_REDOP_AVG = 4,
+} tbrdma_redop;
+
+// A communicator: this process's rank among the ranks of a hostfile, connected to its cabled
+// neighbours. Use it from one thread at a time.
+typedef struct tbrdma_comm tbrdma_comm;
 
 // A completion queue.
 typedef struct tbrdma_cq tbrdma_cq;
@@ -211,6 +268,35 @@ typedef struct tbrdma_recv_wr {
   // Where an incoming SEND lands (may be empty for WRITE_WITH_IMM).
   struct tbrdma_sge sge;
 } tbrdma_recv_wr;
+
+// How to build a communicator. Fill it with `tbrdma_comm_options_init`, then change fields.
+// Every rank must use the same values (a difference fails setup with `TBRDMA_ERR_MISMATCH`).
+typedef struct tbrdma_comm_options {
+  // `TBRDMA_ALGO_*` (default `TBRDMA_ALGO_AUTO`).
+  int algorithm;
+  // `TBRDMA_ENGINE_*` (default `TBRDMA_ENGINE_SOCKETS`).
+  int engine;
+  // `TBRDMA_PROGRESS_*` (default `TBRDMA_PROGRESS_CALLER`: the rank drives the transport
+  // inside each call).
+  int progress;
+  // Longest a collective, or setup, waits for a neighbour, in milliseconds (default 20000).
+  uint32_t timeout_ms;
+  // First TCP port of connection setup: ranks i < j use `port_base + i*N + j` (default
+  // 18600).
+  uint16_t port_base;
+  // All-reduces up to this many bytes run one-shot under `TBRDMA_ALGO_AUTO` where the
+  // topology allows it (default 131072).
+  size_t one_shot_max;
+  // Bytes per pre-registered slot, the pipelining unit (default 524288).
+  size_t slot_bytes;
+  // Slots per neighbour and direction, at least 2 (default 8).
+  size_t slots;
+  // Use at most this many cables per neighbour (0, the default: every one the hostfile
+  // lists).
+  size_t max_rails;
+  // Busy-poll rounds before a waiting rank starts yielding its core (default 4).
+  uint32_t spin;
+} tbrdma_comm_options;
 
 #ifdef __cplusplus
 extern "C" {
@@ -405,6 +491,188 @@ int tbrdma_post_send(const struct tbrdma_qp *qp, const struct tbrdma_send_wr *wr
 // # Safety
 // `qp` must be live; `wrs` valid for reads of `n` entries.
 int tbrdma_post_recv(const struct tbrdma_qp *qp, const struct tbrdma_recv_wr *wrs, size_t n);
+
+// Fills `opts` with the defaults (those of a NULL `opts`).
+//
+// # Safety
+// `opts` must be valid for a write of the struct.
+int tbrdma_comm_options_init(struct tbrdma_comm_options *opts);
+
+// Builds the communicator for `rank` of the hostfile at `hostfile` (`docs/hostfile.md`;
+// `tbrdma hostfile` or `tbrdma lab up` writes it): connects to every cabled neighbour and
+// checks that they agree on the configuration. Every rank calls it; it returns once this
+// rank's neighbours are connected. `opts` may be NULL (defaults). `*out` is NULL on failure.
+//
+// # Safety
+// `hostfile` must be a NUL-terminated string; `opts` NULL or valid for reads; `out` valid for
+// a pointer write.
+int tbrdma_comm_from_hostfile(const char *hostfile,
+                              int rank,
+                              const struct tbrdma_comm_options *opts,
+                              struct tbrdma_comm **out);
+
+// Builds the communicator from the environment: `TBRDMA_HOSTFILE` and `TBRDMA_RANK` (what
+// `tbrdma lab exec` sets) or, without a hostfile, a rendezvous at `TBRDMA_ADDR` (rank 0's
+// `ip:port`) with `TBRDMA_RANK` and `TBRDMA_WORLD_SIZE`. `opts` may be NULL (defaults).
+// `*out` is NULL on failure.
+//
+// # Safety
+// `opts` must be NULL or valid for reads; `out` valid for a pointer write.
+int tbrdma_comm_from_env(const struct tbrdma_comm_options *opts, struct tbrdma_comm **out);
+
+// Builds the communicator after a rendezvous at rank 0's `addr` (`"ip:port"`, a port rank 0
+// can listen on): the ranks swap their cable addresses and rank 0 derives the hostfile
+// (`docs/collectives.md`). `opts` may be NULL (defaults). `*out` is NULL on failure.
+//
+// # Safety
+// `addr` must be a NUL-terminated string; `opts` NULL or valid for reads; `out` valid for a
+// pointer write.
+int tbrdma_comm_from_rendezvous(const char *addr,
+                                int rank,
+                                int world_size,
+                                const struct tbrdma_comm_options *opts,
+                                struct tbrdma_comm **out);
+
+// Frees a communicator: waits (up to 2 s) until the neighbours have this rank's last writes,
+// then closes its connections. NULL is ignored.
+//
+// # Safety
+// `comm` must be NULL or from a `tbrdma_comm_from_*`, not yet freed and not in use.
+void tbrdma_comm_free(struct tbrdma_comm *comm);
+
+// This process's rank (0 to world size - 1), or `TBRDMA_ERR_INVALID` when `comm` is NULL.
+//
+// # Safety
+// `comm` must be NULL or a live communicator.
+int tbrdma_comm_rank(const struct tbrdma_comm *comm);
+
+// The number of ranks, or `TBRDMA_ERR_INVALID` when `comm` is NULL.
+//
+// # Safety
+// `comm` must be NULL or a live communicator.
+int tbrdma_comm_world_size(const struct tbrdma_comm *comm);
+
+// Bytes per element of `dtype` (a `tbrdma_dtype`), or 0 for an unknown value.
+size_t tbrdma_dtype_size(int dtype);
+
+// All-reduce: `recvbuf[i] = sendbuf_0[i] op sendbuf_1[i] op ...` over every rank, `count`
+// elements of `dtype` (`tbrdma_dtype`), `op` a `tbrdma_redop`. `sendbuf == recvbuf` runs in
+// place. Every rank must call it with the same count, type and op; every rank gets the same
+// bits.
+//
+// # Safety
+// `comm` must be a live communicator not in use by another thread; `sendbuf` valid for reads
+// and `recvbuf` for reads and writes of `count` elements (NULL only when `count` is 0).
+int tbrdma_all_reduce(struct tbrdma_comm *comm,
+                      const void *sendbuf,
+                      void *recvbuf,
+                      size_t count,
+                      int dtype,
+                      int op);
+
+// Where this rank's part of a reduce-scatter of `count` elements lies: elements
+// `*offset` to `*offset + *recvcount - 1` go to rank `rank`. Counts that do not divide by the
+// world size give the first `count % N` ranks one element more. Either output may be NULL.
+//
+// # Safety
+// `comm` must be a live communicator; `offset` and `recvcount` NULL or valid for a write.
+int tbrdma_reduce_scatter_range(const struct tbrdma_comm *comm,
+                                size_t count,
+                                int rank,
+                                size_t *offset,
+                                size_t *recvcount);
+
+// Reduce-scatter: the `sendcount` elements of `sendbuf` (the same count on every rank) are
+// reduced across ranks, and this rank receives its part (`tbrdma_reduce_scatter_range`) in
+// `recvbuf`, which holds `recvcount` elements: exactly that part's length, else
+// `TBRDMA_ERR_INVALID`. The buffers may overlap (NCCL's in place: `recvbuf` inside
+// `sendbuf`).
+//
+// # Safety
+// `comm` must be a live communicator not in use by another thread; `sendbuf` valid for reads
+// of `sendcount` elements and `recvbuf` for reads and writes of `recvcount` (NULL only with a
+// count of 0).
+int tbrdma_reduce_scatter(struct tbrdma_comm *comm,
+                          const void *sendbuf,
+                          void *recvbuf,
+                          size_t sendcount,
+                          size_t recvcount,
+                          int dtype,
+                          int op);
+
+// All-gather: every rank contributes `sendcount` elements (the same count everywhere);
+// `recvbuf` (world size * `sendcount` elements) receives rank k's at element `k * sendcount`.
+// The buffers may overlap (NCCL's in place: `sendbuf` is rank r's block of `recvbuf`).
+//
+// # Safety
+// `comm` must be a live communicator not in use by another thread; `sendbuf` valid for reads
+// of `sendcount` elements and `recvbuf` for reads and writes of world size * `sendcount` (NULL
+// only when `sendcount` is 0).
+int tbrdma_all_gather(struct tbrdma_comm *comm,
+                      const void *sendbuf,
+                      void *recvbuf,
+                      size_t sendcount,
+                      int dtype);
+
+// Broadcast: `count` elements of `buf` on rank `root` are copied into `buf` on every rank.
+//
+// # Safety
+// `comm` must be a live communicator not in use by another thread; `buf` valid for reads and
+// writes of `count` elements (NULL only when `count` is 0).
+int tbrdma_broadcast(struct tbrdma_comm *comm, void *buf, size_t count, int dtype, int root);
+
+// Reduce: like `tbrdma_all_reduce`, but only rank `root`'s `recvbuf` is written; on the
+// other ranks `recvbuf` is not touched and may be NULL. The buffers may overlap (in place:
+// `sendbuf == recvbuf`).
+//
+// # Safety
+// `comm` must be a live communicator not in use by another thread; `sendbuf` valid for reads
+// and `recvbuf` (NULL allowed off the root) for reads and writes of `count` elements.
+int tbrdma_reduce(struct tbrdma_comm *comm,
+                  const void *sendbuf,
+                  void *recvbuf,
+                  size_t count,
+                  int dtype,
+                  int op,
+                  int root);
+
+// Barrier: returns once every rank has entered it.
+//
+// # Safety
+// `comm` must be a live communicator not in use by another thread.
+int tbrdma_barrier(struct tbrdma_comm *comm);
+
+// The path of a point-to-point message from rank `src` to rank `dst`: direct over a cable,
+// else around the ring the shorter way. Writes up to `cap` ranks (`src` first, `dst` last) to
+// `path` and returns how many the path has (2 when a cable joins them), or a negative error.
+// The ranks in between must call `tbrdma_forward`.
+//
+// # Safety
+// `comm` must be a live communicator; `path` valid for writes of `cap` entries (NULL with 0).
+int tbrdma_route(const struct tbrdma_comm *comm, int src, int dst, int *path, size_t cap);
+
+// Sends `count` elements of `buf` to rank `peer`, which calls `tbrdma_recv` with the same
+// count and type; where no cable joins the two, every rank in between calls `tbrdma_forward`
+// (see `tbrdma_route`). Messages between two ranks arrive in the order they were sent.
+//
+// # Safety
+// `comm` must be a live communicator not in use by another thread; `buf` valid for reads of
+// `count` elements (NULL only when `count` is 0).
+int tbrdma_send(struct tbrdma_comm *comm, const void *buf, size_t count, int dtype, int peer);
+
+// Receives `count` elements into `buf` from rank `peer`'s `tbrdma_send`.
+//
+// # Safety
+// `comm` must be a live communicator not in use by another thread; `buf` valid for reads and
+// writes of `count` elements (NULL only when `count` is 0).
+int tbrdma_recv(struct tbrdma_comm *comm, void *buf, size_t count, int dtype, int peer);
+
+// Relays a message of `count` elements from rank `src` to rank `dst` through this rank, which
+// must be between them on `tbrdma_route(src, dst)`. Chunks are passed on as they arrive.
+//
+// # Safety
+// `comm` must be a live communicator not in use by another thread.
+int tbrdma_forward(struct tbrdma_comm *comm, int src, int dst, size_t count, int dtype);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,7 +1,7 @@
-//! The C boundary of libtbrdma: `#[repr(C)]` types and `extern "C"` functions. FFI file: the
-//! only one allowed `unsafe`, each block under a `// SAFETY:` naming the caller's contract
-//! (documented on each function in `tbrdma.h`). Every function body runs inside
-//! `catch_unwind`.
+//! The C boundary of libtbrdma: `#[repr(C)]` types and `extern "C"` functions of the verbs
+//! half (the collectives are in `ffi_coll`). FFI file: with `ffi_coll`, the only one allowed
+//! `unsafe`, each block under a `// SAFETY:` naming the caller's contract (documented on each
+//! function in `tbrdma.h`). Every function body runs inside `catch_unwind`.
 
 #![allow(unsafe_code)]
 #![allow(non_camel_case_types)]
@@ -202,7 +202,7 @@ fn opcode_code(o: WcOpcode) -> u32 {
 }
 
 /// Runs a body, turning a panic into `TBRDMA_ERR_INTERNAL`.
-fn guard(body: impl FnOnce() -> c_int) -> c_int {
+pub(crate) fn guard(body: impl FnOnce() -> c_int) -> c_int {
     catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|_| {
         fail(
             TBRDMA_ERR_INTERNAL,
@@ -228,7 +228,7 @@ unsafe fn obj<'a, T>(p: *const T, what: &str) -> Result<&'a T, c_int> {
 ///
 /// # Safety
 /// `out` must be valid for a pointer write.
-unsafe fn give<T>(out: *mut *mut T, value: T) -> c_int {
+pub(crate) unsafe fn give<T>(out: *mut *mut T, value: T) -> c_int {
     // SAFETY: the caller checked `out` is non-NULL; valid by the caller's contract.
     unsafe { out.write(Box::into_raw(Box::new(value))) };
     TBRDMA_OK
@@ -238,7 +238,7 @@ unsafe fn give<T>(out: *mut *mut T, value: T) -> c_int {
 ///
 /// # Safety
 /// `s` must be NULL or a NUL-terminated string.
-unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, c_int> {
+pub(crate) unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, c_int> {
     if s.is_null() {
         return Err(invalid(&format!("{what} is NULL")));
     }
@@ -261,15 +261,6 @@ unsafe fn bytes(data: *const c_void, len: usize) -> Result<Vec<u8>, c_int> {
     }
     // SAFETY: non-NULL and valid for `len` bytes by the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }.to_vec())
-}
-
-macro_rules! tri {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(code) => return code,
-        }
-    };
 }
 
 /// The message of the calling thread's last failure ("" if none). Valid until the next

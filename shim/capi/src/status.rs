@@ -1,9 +1,10 @@
 //! Return codes and the per-thread last-error message. It owns the mapping from
-//! `VerbsError` to codes; it never calls into C.
+//! `VerbsError` and `CollError` to codes; it never calls into C.
 
 use std::cell::RefCell;
 use std::ffi::{CString, c_char, c_int};
 
+use tbrdma_collectives::CollError;
 use tbrdma_verbs::VerbsError;
 
 /// Success.
@@ -29,6 +30,12 @@ pub const TBRDMA_ERR_POST: c_int = -8;
 pub const TBRDMA_ERR_IO: c_int = -9;
 /// A bug in tbrdma (a panic was caught).
 pub const TBRDMA_ERR_INTERNAL: c_int = -10;
+/// A rank failed or stopped answering during a collective (the message names it), or the
+/// communicator is unusable after such a failure: free it.
+pub const TBRDMA_ERR_RANK_FAILED: c_int = -11;
+/// The ranks of a communicator disagree on the configuration (hostfile, options, tbrdma
+/// version); the message names the rank and what differs.
+pub const TBRDMA_ERR_MISMATCH: c_int = -12;
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -43,7 +50,24 @@ pub(crate) fn fail(code: c_int, message: impl Into<String>) -> c_int {
 
 /// The code of a verbs error (its message is recorded).
 pub(crate) fn verbs(e: VerbsError) -> c_int {
+    fail(verbs_code(&e), e.to_string())
+}
+
+/// The code of a collectives error (its message, which names the rank involved, is recorded).
+pub(crate) fn coll(e: CollError) -> c_int {
     let code = match &e {
+        CollError::BadConfig { .. } | CollError::BadArgument { .. } => TBRDMA_ERR_INVALID,
+        CollError::ConfigMismatch { .. } => TBRDMA_ERR_MISMATCH,
+        CollError::Connect { source, .. } => verbs_code(source),
+        CollError::RankFailed { .. } | CollError::Poisoned(_) => TBRDMA_ERR_RANK_FAILED,
+        CollError::Timeout { .. } => TBRDMA_ERR_TIMEOUT,
+        CollError::Verbs(v) => verbs_code(v),
+    };
+    fail(code, e.to_string())
+}
+
+fn verbs_code(e: &VerbsError) -> c_int {
+    match e {
         VerbsError::NoSuchInterface { .. }
         | VerbsError::NoAddress { .. }
         | VerbsError::AddressNotLocal { .. } => TBRDMA_ERR_NO_DEVICE,
@@ -58,8 +82,7 @@ pub(crate) fn verbs(e: VerbsError) -> c_int {
         }
         VerbsError::Post(_) => TBRDMA_ERR_POST,
         _ => TBRDMA_ERR_IO,
-    };
-    fail(code, e.to_string())
+    }
 }
 
 /// The last error message of this thread.
