@@ -539,8 +539,10 @@ impl Connection {
             let done = self.rx.current.take().expect("current message exists");
             self.complete_message(&done);
             self.rx.request_deferred_ack();
-        } else if psn != self.rx.expected {
-            // Placed ahead of a gap: tell the sender what we hold so it resends only the gap.
+        } else if !psn.before(self.rx.expected) {
+            // Placed ahead of a gap (the expected sequence number did not move past it): tell
+            // the sender what we hold so it resends only the gap. An in-order packet waits for
+            // `ack_every`.
             self.rx.request_ack();
         }
         true

@@ -1012,6 +1012,36 @@ fn writes_the_peer_acknowledged_in_its_close_complete_successfully() {
 }
 
 #[test]
+fn an_in_order_stream_is_acknowledged_every_ack_every_packets() {
+    // One 64-packet message over a perfect link, one packet handled per transmit pass (as a
+    // receiver that keeps up with the stream does): about one ACK per `ack_every` packets, not
+    // one per packet.
+    let config = Config {
+        max_datagram: 1024,
+        ..Config::default()
+    };
+    let mut p = pair_with(LinkConfig::default(), config.clone());
+    let len = 64 * config.max_payload() as usize;
+    let a_buf = p.a.mem.alloc(len, RW);
+    let b_buf = p.b.mem.alloc(len, RW);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&a_buf, 0, len as u64),
+        op: SendOp::Write {
+            remote: remote(&b_buf, 0),
+        },
+    })
+    .unwrap();
+    assert!(p.drive(STEPS));
+    assert_eq!(p.a.take_completions()[0].status, WcStatus::Success);
+    let acks = p.b.conn.stats().acks_sent;
+    assert!(
+        acks <= 64 / u64::from(config.ack_every) + 1,
+        "{acks} ACKs for 64 in-order packets"
+    );
+}
+
+#[test]
 fn a_released_hold_sends_the_ack_without_waiting_for_its_time() {
     // A hold far longer than any retransmission timeout: only the release can end it.
     let config = Config {
