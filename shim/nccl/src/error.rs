@@ -39,7 +39,8 @@ pub enum NetError {
         seq: u64,
         /// Bytes the receive could hold.
         posted: u64,
-        /// Bytes sent (0 when the receiver learns of it: it only knows the send was too large).
+        /// Bytes sent (0 on the receiving side of a refused rendezvous, which only learns
+        /// that the send was too large).
         sent: u64,
     },
     /// The connection failed (peer gone, link down, protocol error).

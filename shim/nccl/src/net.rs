@@ -27,8 +27,9 @@ use crate::log;
 pub const PLUGIN_NAME: &std::ffi::CStr = c"tbrdma";
 /// The one logical device's name.
 pub const DEVICE_NAME: &std::ffi::CStr = c"tbrdma0";
-/// Private data both ends send during setup: magic and protocol version.
-const HELLO: &[u8; 8] = b"tbNCCL\x00\x01";
+/// Private data both ends send during setup: magic and protocol version (2: eager messages,
+/// credits and CTS by message number; peers speaking version 1 are refused at setup).
+const HELLO: &[u8; 8] = b"tbNCCL\x00\x02";
 /// Most links listed in a handle.
 pub const MAX_HANDLE_ADDRS: usize = 4;
 const HANDLE_MAGIC: &[u8; 4] = b"tbNC";
@@ -252,8 +253,9 @@ impl Plugin {
 fn qp_options(config: &PluginConfig) -> QpOptions {
     QpOptions {
         config: Config {
-            // Only the first CTS of a connection can arrive before the sender has posted its
-            // control receives (setup race); give it time rather than failing.
+            // Only a connection's first messages can arrive before the other end has posted
+            // its receives (the receiver's bounce receives go up right after accept, the
+            // sender's control receives right after connect): give them time, not an error.
             rnr_delay: Duration::from_millis(1),
             max_rnr_retries: 5_000,
             ..Config::default()
@@ -552,18 +554,17 @@ fn acceptor(
                 Err(e) if is_no_client_yet(&e) => continue,
                 Err(e) => Err(NetError::verbs(format!("accepting on {}", link.name))(e)),
                 Ok(conn) => check_hello(conn.peer, &conn.peer_private_data).and_then(|()| {
-                    let ctrl = Link::ctrl_region(&link.pd)?;
+                    let comm = RecvComm::new(Link {
+                        qp: conn.qp,
+                        cq,
+                        pd: link.pd.clone(),
+                        peer: conn.peer.to_string(),
+                    })?;
                     log::info(&format!(
                         "tbrdma NET: accepted a connection from {} on {}",
                         conn.peer, link.name
                     ));
-                    Ok(RecvComm::new(Link {
-                        qp: conn.qp,
-                        cq,
-                        pd: link.pd.clone(),
-                        ctrl,
-                        peer: conn.peer.to_string(),
-                    }))
+                    Ok(comm)
                 }),
             };
             if let Err(e) = &result {
@@ -660,7 +661,6 @@ fn connect_blocking(link: &LocalLink, server: SocketAddr, options: &QpOptions) -
         NetError::verbs(format!("connecting to {server} over {}", link.name)),
     )?;
     check_hello(server, &conn.peer_private_data)?;
-    let ctrl = Link::ctrl_region(&link.pd)?;
     log::info(&format!(
         "tbrdma NET: connected to {server} over {}",
         link.name
@@ -669,7 +669,6 @@ fn connect_blocking(link: &LocalLink, server: SocketAddr, options: &QpOptions) -
         qp: conn.qp,
         cq,
         pd: link.pd.clone(),
-        ctrl,
         peer: server.to_string(),
     })
 }
@@ -710,7 +709,8 @@ pub fn recv_comm(id: u64) -> Result<Arc<RecvComm>> {
     }
 }
 
-/// Progresses the send comms whose sends wait for a CTS (see [`crate::comm::WAITING_SENDS`]).
+/// Progresses the send comms whose sends wait for a credit or a CTS (see
+/// [`crate::comm::WAITING_SENDS`]).
 pub fn progress_waiting_sends() {
     if crate::comm::WAITING_SENDS.load(Ordering::Relaxed) == 0 {
         return;

@@ -10,11 +10,12 @@
  * from one thread); both ranks listen and connect to each other with the connect/accept retry
  * loop; NCCL's proxy pattern (8 slots of 512 KiB, receives posted with the full slot size,
  * *request preset to NULL or 0x1, random sizes including runs of 0 bytes, only the oldest
- * request tested); 32 sends posted long before their receives and the reverse; sizes from 0 B
- * to 8 MiB; a send larger than the posted receive (both sides fail with ncclInvalidUsage, the
- * next message still works); deregMr and the closes. Then dlclose, dlopen, init again.
- * Every byte received is checked. Prints "harness: all checks passed" and exits 0, or says
- * what failed and exits 1. */
+ * request tested); 32 sends posted long before their receives and the reverse; a flood of
+ * small messages sent while the peer posts no receive (flow control); sizes from 0 B to 8 MiB;
+ * a send larger than the posted receive (the receive fails with ncclInvalidUsage, and so does
+ * the send when it went by rendezvous; the next message still works); deregMr and the closes.
+ * Then dlclose, dlopen, init again. Every byte received is checked. Prints "harness: all
+ * checks passed" and exits 0, or says what failed and exits 1. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -371,8 +372,8 @@ static void proxy_pattern(int test_id, int messages) {
 
 /* The peer's expected sizes must match exactly: both ranks use the same size rule. */
 static size_t burst_size(int i) {
-  static const size_t sizes[] = {0, 1, 7, 4096, 65535, 65536, 65537, 300000, SLOT};
-  return sizes[i % 9];
+  static const size_t sizes[] = {0, 1, 7, 4096, 16384, 16385, 65535, 65536, 65537, 300000, SLOT};
+  return sizes[i % (sizeof sizes / sizeof sizes[0])];
 }
 
 /* 32 messages in flight each way; sends posted first (held until the receives exist) or
@@ -406,9 +407,69 @@ static void burst(int test_id, int sends_first) {
   printf("%s: 32 in flight each way, %s first, verified\n", vname, sends_first ? "sends" : "receives");
 }
 
+/* Size of message `i` of a flood: small (up to 16 KiB, so eager), runs of 0 bytes. */
+static size_t flood_size(int sender, int test_id, int i) {
+  return (i % 13) < 2 ? 0 : mix(seed_of(sender, test_id, i)) % (16 * 1024 + 1);
+}
+
+/* Many more small messages than a receiver can buffer, sent one after the other (each send
+ * tested until done before the next) while the peer posts no receive for 100 ms, then receives
+ * them 8 at a time: the sender must stall (flow control), never fail or overrun the receiver,
+ * and everything must arrive in order once receives are posted. */
+static void flood(int test_id) {
+  enum { N = 300, BUFS = 64 };
+  void *sreq = NULL, *rreq[STEPS] = {0};
+  int sent_posted = 0, sent_done = 0, recv_posted = 0, recv_done = 0, sent_before_recv = -1;
+  double start = now(), deadline = now() + 60;
+  while (sent_done < N || recv_done < N) {
+    if (now() > deadline) FAIL("flood stuck: sent %d/%d received %d/%d", sent_done, N, recv_done, N);
+    if (!sreq && sent_posted < N) {
+      size_t size = flood_size(rank, test_id, sent_posted);
+      unsigned char *buf = sbuf + (size_t)(sent_posted % BUFS) * (32 * 1024);
+      fill(buf, size, seed_of(rank, test_id, sent_posted));
+      CHECK(n_isend(sc, buf, size, smh, &sreq));
+      if (sreq) sent_posted++;
+    }
+    if (sreq) {
+      int done = 0, size = -1;
+      CHECK(n_test(sreq, &done, &size));
+      if (done) {
+        if ((size_t)size != flood_size(rank, test_id, sent_done)) FAIL("flood: send %d reported %d bytes", sent_done, size);
+        sreq = NULL, sent_done++;
+      }
+    }
+    if (now() - start < 0.1) {
+      sched_yield();
+      continue;
+    }
+    if (sent_before_recv < 0) sent_before_recv = sent_done;
+    if (recv_posted < N && recv_posted - recv_done < STEPS) {
+      int k = recv_posted % STEPS;
+      void *req = NULL;
+      CHECK(n_irecv(rc, rbuf + (size_t)k * SLOT, SLOT, rmh, &req));
+      if (req) rreq[k] = req, recv_posted++;
+    }
+    if (recv_done < recv_posted) {
+      int k = recv_done % STEPS, done = 0, size = -1;
+      CHECK(n_test(rreq[k], &done, &size));
+      if (done) {
+        size_t want = flood_size(1 - rank, test_id, recv_done);
+        if ((size_t)size != want) FAIL("flood: receive %d reported %d bytes, the peer sent %zu", recv_done, size, want);
+        verify(rbuf + (size_t)k * SLOT, size, seed_of(1 - rank, test_id, recv_done), "flood");
+        recv_done++;
+      }
+    }
+    sched_yield();
+  }
+  if (sent_before_recv <= 0 || sent_before_recv >= N)
+    FAIL("flood: %d of %d sends completed before any receive was posted: no flow control?", sent_before_recv, N);
+  barrier();
+  printf("%s: flood: %d small messages each way, %d sent before the first receive, verified\n", vname, N, sent_before_recv);
+}
+
 /* One message at a time, 0 B to 8 MiB, into a receive of 8 MiB. */
 static void sizes(int test_id) {
-  static const size_t list[] = {0, 1, 2, 63, 4096, 65471, 65536, 65537, 1 << 20, 8 * MIB - 1, 8 * MIB};
+  static const size_t list[] = {0, 1, 2, 63, 4096, 16383, 16384, 16385, 65471, 65536, 65537, 1 << 20, 8 * MIB - 1, 8 * MIB};
   int n = sizeof list / sizeof list[0];
   for (int i = 0; i < n; i++) {
     fill(sbuf, list[i], seed_of(rank, test_id, i));
@@ -423,37 +484,54 @@ static void sizes(int test_id) {
   printf("%s: sizes 0 B to 8 MiB verified\n", vname);
 }
 
-/* A send larger than the posted receive: both requests fail with ncclInvalidUsage, and the
- * connection carries the next message. */
-static void too_large(int test_id) {
-  void *r = post_recv(rbuf, 1000, 0);
-  void *s = post_send(sbuf, 2000);
-  int rcode = 0, scode = 0, done, size;
+/* Posts a receive of `capacity` bytes and a send of `size` into it; waits until the receive
+ * fails (it must: the message does not fit) and the send finishes. Returns the send's result:
+ * ncclSuccess if the message went eagerly (the sender cannot know the receive was too small:
+ * only the receiver can tell, as with NCCL's own socket transport), ncclInvalidUsage if it went
+ * by rendezvous (the sender saw the capacity in the clear-to-send). */
+static ncclResult_t send_too_large(size_t capacity, size_t size) {
+  void *r = post_recv(rbuf, capacity, 0);
+  void *s = post_send(sbuf, size);
+  int rcode = 0, rdone = 0, sdone = 0, done, got;
+  ncclResult_t scode = ncclSuccess;
   double deadline = now() + 30;
-  while (!rcode || !scode) {
-    if (!rcode) {
-      ncclResult_t x = n_test(r, &done, &size);
-      if (x != ncclSuccess) rcode = x;
-      else if (done) FAIL("too large: the receive completed (%d bytes)", size);
+  while (!rdone || !sdone) {
+    if (!rdone) {
+      ncclResult_t x = n_test(r, &done, &got);
+      if (x != ncclSuccess) rcode = x, rdone = 1;
+      else if (done) FAIL("too large (%zu into %zu): the receive completed (%d bytes)", size, capacity, got);
     }
-    if (!scode) {
-      ncclResult_t x = n_test(s, &done, &size);
-      if (x != ncclSuccess) scode = x;
-      else if (done) FAIL("too large: the send completed");
+    if (!sdone) {
+      ncclResult_t x = n_test(s, &done, &got);
+      if (x != ncclSuccess) scode = x, sdone = 1;
+      else if (done) {
+        if ((size_t)got != size) FAIL("too large: the send reported %d bytes, sent %zu", got, size);
+        sdone = 1;
+      }
     }
-    if (now() > deadline) FAIL("too large: no failure reported within 30 s");
+    if (now() > deadline) FAIL("too large (%zu into %zu): no outcome within 30 s", size, capacity);
     sched_yield();
   }
-  if (rcode != ncclInvalidUsage || scode != ncclInvalidUsage)
-    FAIL("too large: receive returned %d, send %d; expected %d", rcode, scode, ncclInvalidUsage);
+  if (rcode != ncclInvalidUsage) FAIL("too large (%zu into %zu): the receive returned %d; expected %d", size, capacity, rcode, ncclInvalidUsage);
+  return scode;
+}
+
+/* A send larger than the posted receive: the receive fails with ncclInvalidUsage. A small
+ * message goes eagerly, so its send completes; a large one goes by rendezvous, whose send
+ * fails with ncclInvalidUsage too. Either way the connection carries the next message. */
+static void too_large(int test_id) {
+  ncclResult_t eager = send_too_large(1000, 2000);
+  if (eager != ncclSuccess) FAIL("too large, eager: the send returned %d; expected success", eager);
+  ncclResult_t rendezvous = send_too_large(1000, 100000);
+  if (rendezvous != ncclInvalidUsage) FAIL("too large, rendezvous: the send returned %d; expected %d", rendezvous, ncclInvalidUsage);
   fill(sbuf, 5000, seed_of(rank, test_id, 1));
-  r = post_recv(rbuf, 8192, 0);
-  s = post_send(sbuf, 5000);
+  void *r = post_recv(rbuf, 8192, 0);
+  void *s = post_send(sbuf, 5000);
   if (wait_req(r, "after too large") != 5000) FAIL("after too large: size");
   verify(rbuf, 5000, seed_of(1 - rank, test_id, 1), "after too large");
   wait_req(s, "after too large send");
   barrier();
-  printf("%s: a send larger than the receive fails both sides with ncclInvalidUsage; the next message arrives\n", vname);
+  printf("%s: a send larger than the receive fails the receive with ncclInvalidUsage (eager: the send completes; rendezvous: it fails too); the next message arrives\n", vname);
 }
 
 static void properties(void) {
@@ -512,6 +590,7 @@ static void run_version(void *lib, int v) {
   burst(base + 3, 0);
   sizes(base + 4);
   too_large(base + 5);
+  flood(base + 6);
   CHECK(n_deregmr(sc, smh));
   CHECK(n_deregmr(rc, rmh));
   if (n_deregmr(rc, rmh) == ncclSuccess) FAIL("deregMr twice succeeded");
