@@ -78,6 +78,32 @@ fn a_peer_that_is_not_tbrdma_is_refused_in_time() {
 }
 
 /// A connected pair on loopback, caller progress.
+/// A server device listening on loopback, with a 64 KiB region its peers may write.
+struct Server {
+    dev: Device,
+    pd: ProtectionDomain,
+    target: MemoryRegion,
+    cq: CompletionQueue,
+    listener: Listener,
+}
+
+fn server() -> Server {
+    let dev = Device::open("127.0.0.1", caller()).unwrap();
+    let pd = dev.alloc_pd();
+    let target = pd
+        .alloc_mr(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let cq = dev.create_cq(64);
+    let listener = Listener::bind(&dev, 0).unwrap();
+    Server {
+        dev,
+        pd,
+        target,
+        cq,
+        listener,
+    }
+}
+
 fn pair(
     cq_capacity: usize,
 ) -> (
@@ -89,15 +115,15 @@ fn pair(
     MemoryRegion,
     MemoryRegion,
 ) {
-    let server_dev = Device::open("127.0.0.1", caller()).unwrap();
-    let client_dev = Device::open("127.0.0.1", caller()).unwrap();
-    let server_pd = server_dev.alloc_pd();
-    let target = server_pd
-        .alloc_mr(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
-    let server_cq = server_dev.create_cq(64);
-    let listener = Listener::bind(&server_dev, 0).unwrap();
+    let Server {
+        dev: server_dev,
+        pd: server_pd,
+        target,
+        cq: server_cq,
+        listener,
+    } = server();
     let addr = listener.local_addr().unwrap();
+    let client_dev = Device::open("127.0.0.1", caller()).unwrap();
     let accept = std::thread::spawn(move || {
         let c = listener
             .accept(
@@ -177,16 +203,16 @@ fn deregistration_waits_for_requests_that_use_the_region() {
 
 #[test]
 fn several_queue_pairs_share_a_device() {
-    let server_dev = Device::open("127.0.0.1", caller()).unwrap();
-    let client_dev = Device::open("127.0.0.1", caller()).unwrap();
-    let server_pd = server_dev.alloc_pd();
-    let target = server_pd
-        .alloc_mr(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
-    let remote = target.remote(0);
-    let server_cq = server_dev.create_cq(64);
-    let listener = Listener::bind(&server_dev, 0).unwrap();
+    let Server {
+        dev: server_dev,
+        pd: server_pd,
+        target,
+        cq: server_cq,
+        listener,
+    } = server();
     let addr = listener.local_addr().unwrap();
+    let client_dev = Device::open("127.0.0.1", caller()).unwrap();
+    let remote = target.remote(0);
     let pd = client_dev.alloc_pd();
     let cq = client_dev.create_cq(64);
     let src = pd.alloc_mr(1 << 16, Access::LOCAL_WRITE).unwrap();
@@ -278,13 +304,13 @@ fn datagrams_from_strangers_are_dropped() {
 type Client = (Device, CompletionQueue, MemoryRegion, Connected, Connected);
 
 fn server_with_clients(n: u8) -> (Device, MemoryRegion, Vec<Client>) {
-    let server_dev = Device::open("127.0.0.1", caller()).unwrap();
-    let server_pd = server_dev.alloc_pd();
-    let target = server_pd
-        .alloc_mr(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
-    let server_cq = server_dev.create_cq(64);
-    let listener = Listener::bind(&server_dev, 0).unwrap();
+    let Server {
+        dev: server_dev,
+        pd: server_pd,
+        target,
+        cq: server_cq,
+        listener,
+    } = server();
     let addr = listener.local_addr().unwrap();
     let mut clients = Vec::new();
     for i in 0..n {
