@@ -28,25 +28,8 @@ const ENV: [&str; 4] = [
     "TBRDMA_WORLD_SIZE",
 ];
 
-/// The folder holding the `libtbrdma.so` cargo built for this run.
-fn library_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("deps folder");
-    for dir in [deps, deps.parent().expect("profile folder")] {
-        if dir.join("libtbrdma.so").exists() {
-            return dir.to_path_buf();
-        }
-    }
-    panic!("libtbrdma.so not found next to {}", deps.display());
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "{}\n--- stderr ---\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::{library_dir, show};
 
 /// A scratch folder for one test, removed on drop.
 struct Scratch(PathBuf);

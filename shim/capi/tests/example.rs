@@ -3,31 +3,14 @@
 //! namespaces joined by a veth pair: a WRITE and a READ, both checked byte by byte. Needs root
 //! and `cc` (skips with a message otherwise).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 use tbrdma_netdev::lab::LabTopology;
 use tbrdma_tests::Lab;
 
-/// The folder holding the `libtbrdma.so` cargo built for this run.
-fn library_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("deps folder");
-    for dir in [deps, deps.parent().expect("profile folder")] {
-        if dir.join("libtbrdma.so").exists() {
-            return dir.to_path_buf();
-        }
-    }
-    panic!("libtbrdma.so not found next to {}", deps.display());
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "{}\n--- stderr ---\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+mod common;
+use common::{library_dir, show};
 
 #[test]
 fn the_c_example_writes_and_reads_between_two_namespaces() {
