@@ -176,26 +176,21 @@ pub fn bind_udp(addr: SocketAddr, rcvbuf: usize, sndbuf: usize) -> io::Result<Ud
         set_buffer(&socket, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, sndbuf)?;
         Ok(socket)
     };
-    let socket = if addr.port() != 0 {
+    let mut bound = addr;
+    let mut attempt = 0;
+    let socket = loop {
+        if addr.port() == 0 {
+            // Let the kernel pick a free port, then bind to it by number.
+            bound.set_port(UdpSocket::bind(addr)?.local_addr()?.port());
+        }
         let socket = new_socket()?;
-        socket.bind(&SockAddr::from(addr))?;
-        socket
-    } else {
-        let mut attempt = 0;
-        loop {
-            let probe = new_socket()?;
-            probe.bind(&SockAddr::from(addr))?;
-            let port = probe.local_addr()?.as_socket().map_or(0, |a| a.port());
-            drop(probe);
-            let socket = new_socket()?;
-            let mut fixed = addr;
-            fixed.set_port(port);
-            match socket.bind(&SockAddr::from(fixed)) {
-                Ok(()) => break socket,
-                // Another process took the port in between: pick another.
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse && attempt < 8 => attempt += 1,
-                Err(e) => return Err(e),
+        match socket.bind(&SockAddr::from(bound)) {
+            Ok(()) => break socket,
+            // Another process took the port in between: pick another.
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && addr.port() == 0 && attempt < 8 => {
+                attempt += 1
             }
+            Err(e) => return Err(e),
         }
     };
     let socket: UdpSocket = socket.into();

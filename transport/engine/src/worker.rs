@@ -88,13 +88,13 @@ pub struct EngineConfig {
     pub hold_acks: bool,
 }
 
-/// Caller mode: the keeper runs the loop when the application has not entered the engine for
-/// this long (at most twice this passes before a held ACK goes out: well inside the peer's
-/// smallest retransmission timeout of 1 ms).
+/// Caller mode: the keeper sends held acknowledgements when the application has not entered
+/// the engine for this long (at most twice this passes before a held ACK goes out: well inside
+/// the peer's smallest retransmission timeout of 1 ms).
 pub const KEEPER_PERIOD: Duration = Duration::from_micros(250);
 /// After this long with no application call the keeper checks less often.
 const KEEPER_FAST_FOR: Duration = Duration::from_millis(100);
-/// The keeper's period once the application is idle (keep-alives and retransmissions only).
+/// The keeper's period once the application is idle.
 const KEEPER_IDLE_PERIOD: Duration = Duration::from_millis(20);
 /// Upper bound written into each connection's [`Config::ack_hold`] in caller mode; in practice
 /// the next poll or the keeper releases the hold much sooner.
@@ -430,24 +430,30 @@ impl Shared {
     /// application's own polls receive (a keeper that received would run connection timers
     /// against a socket nobody reads and hand completions to an application in mid-step).
     fn flush_held_acks(&self) -> io::Result<bool> {
-        let Ok(mut io) = self.io.try_lock() else {
-            return Ok(false);
-        };
-        let Some(rails) = io.as_mut() else {
-            return Ok(false);
-        };
-        let mut state = self.state.lock().expect("engine state lock");
-        if !state.acks_held {
-            return Ok(false);
-        }
-        state.release_held_acks();
-        state.flush(rails, self.now())
+        self.with_rails(|state, rails, now| {
+            if !state.acks_held {
+                return Ok(false);
+            }
+            state.release_held_acks();
+            state.flush(rails, now)
+        })
     }
 
-    /// Caller mode: runs the loop once if no other thread is running it, first ending the
-    /// acknowledgement holds (this is the "next call" they were waiting for).
+    /// Caller mode: runs the loop once, first ending the acknowledgement holds (this is the
+    /// "next call" they were waiting for).
     fn progress_caller(&self) -> io::Result<bool> {
-        // Another thread progressing at the same moment does the same work: skip.
+        self.with_rails(|state, rails, now| {
+            state.release_held_acks();
+            state.run_once(rails, now)
+        })
+    }
+
+    /// Caller mode: runs `f` on the state and the backends unless another thread is using the
+    /// backends right now (it is doing the same work: skip, returning false).
+    fn with_rails(
+        &self,
+        f: impl FnOnce(&mut State, &mut [Box<dyn DatagramIo>], Time) -> io::Result<bool>,
+    ) -> io::Result<bool> {
         let Ok(mut io) = self.io.try_lock() else {
             return Ok(false);
         };
@@ -455,8 +461,7 @@ impl Shared {
             return Ok(false);
         };
         let mut state = self.state.lock().expect("engine state lock");
-        state.release_held_acks();
-        state.run_once(rails, self.now())
+        f(&mut state, rails, self.now())
     }
 }
 

@@ -281,17 +281,16 @@ impl DatagramIo for SocketIo {
         loop {
             // Asking for 32 datagrams when one arrives makes the kernel look for a second one
             // before returning: an extra pass on the critical path of every ping-pong. So the
-            // first call after an empty poll asks for one datagram and hands it over at once;
+            // first call after an empty poll asks for one datagram, with plain recvfrom (which
+            // also spares the kernel copying in a message header), and hands it over at once;
             // the next asks for a full batch (in a stream it finds them).
-            let want = if self.last_batch == 0 { 1 } else { BATCH };
-            if want == 1 {
-                // One datagram: plain recvfrom, which spares the kernel copying in a message
-                // header and an iovec on every poll of an empty socket.
+            let single = self.last_batch == 0;
+            let got = if single {
                 let buf = &mut rx.bufs[0];
                 let mut name_len = NAME_LEN;
                 // SAFETY: `buf` and `names[0]` are live allocations owned by `rx`, their exact
                 // sizes are passed, and nothing else touches them during the call.
-                let got = unsafe {
+                let len = unsafe {
                     libc::recvfrom(
                         fd,
                         buf.as_mut_ptr() as *mut libc::c_void,
@@ -301,38 +300,33 @@ impl DatagramIo for SocketIo {
                         &mut name_len,
                     )
                 };
-                if got < 0 {
-                    let err = io::Error::last_os_error();
-                    if err.raw_os_error() == Some(libc::EAGAIN) {
-                        self.last_batch = 0;
-                        return Ok(total);
-                    }
-                    if err.raw_os_error() == Some(libc::EINTR) || is_stale_icmp_error(&err) {
-                        continue;
-                    }
-                    return Err(err);
+                if len < 0 {
+                    -1
+                } else {
+                    // Recorded as recvmmsg would have, for the delivery below. A datagram that
+                    // fills the buffer (one byte more than the largest tbrdma sends) may have
+                    // been cut.
+                    let msg = &mut rx.msgs[0];
+                    msg.msg_len = len as libc::c_uint;
+                    msg.msg_hdr.msg_flags = if len as usize >= buf.len() {
+                        libc::MSG_TRUNC
+                    } else {
+                        0
+                    };
+                    1
                 }
-                let len = got as usize;
-                self.last_batch = 1;
-                // A datagram that fills the buffer (one byte more than the largest tbrdma
-                // sends) may have been cut: not ours.
-                if len < buf.len() {
-                    if let Some(from) = from_raw(&rx.names[0]) {
-                        deliver(&buf[..len], from);
-                    }
+            } else {
+                // SAFETY: every header points at its own buffer, iovec and address slot, heap
+                // allocations owned by `rx` that live and stay put for the duration of the call.
+                unsafe {
+                    libc::recvmmsg(
+                        fd,
+                        rx.msgs.as_mut_ptr(),
+                        BATCH as libc::c_uint,
+                        libc::MSG_DONTWAIT,
+                        std::ptr::null_mut(),
+                    )
                 }
-                return Ok(total + 1);
-            }
-            // SAFETY: every header points at its own buffer, iovec and address slot, heap
-            // allocations owned by `rx` that live and stay put for the duration of the call.
-            let got = unsafe {
-                libc::recvmmsg(
-                    fd,
-                    rx.msgs.as_mut_ptr(),
-                    want as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
-                )
             };
             if got < 0 {
                 let err = io::Error::last_os_error();
@@ -364,7 +358,7 @@ impl DatagramIo for SocketIo {
             }
             total += got;
             self.last_batch = got;
-            if got < want {
+            if single || got < BATCH {
                 return Ok(total);
             }
         }
