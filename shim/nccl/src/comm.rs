@@ -335,8 +335,6 @@ struct SendState {
     stage_free: Vec<usize>,
     /// Control receives consumed and not posted again yet.
     ctrl_repost: Vec<usize>,
-    /// Where a staged message passes between NCCL's registration and the staging buffer.
-    scratch: Vec<u8>,
     next_seq: u64,
     failed: Option<String>,
 }
@@ -498,7 +496,6 @@ impl SendComm {
                 credits: BOUNCE_RING as u64,
                 stage_free: (0..STAGE_SLOTS).rev().collect(),
                 ctrl_repost: Vec::new(),
-                scratch: vec![0; EAGER_MAX as usize],
                 next_seq: 0,
                 failed: None,
             }),
@@ -623,9 +620,8 @@ impl SendComm {
                     return Err(e);
                 }
             };
-            let data = &mut st.scratch[..len as usize];
-            reg.mr.read((addr - reg.addr) as usize, data);
-            self.stage.write(at, data);
+            reg.mr
+                .copy_to((addr - reg.addr) as usize, &self.stage, at, len as usize);
         }
         // A CTS that came for it is not needed.
         st.cts.remove(&seq);
@@ -775,6 +771,8 @@ struct RecvState {
     rendezvous: bool,
     /// Bounce buffers to post again as receives.
     repost: Vec<usize>,
+    /// Their work requests, built in a vector kept between calls (this runs per message).
+    repost_wrs: Vec<RecvWr>,
     /// Receives posted again and not yet returned to the sender as credits.
     pending_credits: u64,
     /// Receives granted to the sender so far (the initial ring plus every return).
@@ -786,8 +784,6 @@ struct RecvState {
     /// Receives whose CTS waits for a free buffer, by message number (sent by the next
     /// progress: NCCL keeps testing a comm with receives outstanding).
     cts_queue: VecDeque<u64>,
-    /// Where eager data passes between the bounce buffer and NCCL's registration.
-    scratch: Vec<u8>,
     failed: Option<String>,
 }
 
@@ -839,12 +835,12 @@ impl RecvComm {
                 next_seq: 0,
                 rendezvous: false,
                 repost: (0..BOUNCE_RING).collect(),
+                repost_wrs: Vec::with_capacity(BOUNCE_RING),
                 pending_credits: 0,
                 granted: BOUNCE_RING as u64,
                 arrived: 0,
                 cts_free: (0..CTS_SLOTS).rev().collect(),
                 cts_queue: VecDeque::new(),
-                scratch: vec![0; EAGER_MAX as usize],
                 failed: None,
             }),
         };
@@ -1073,9 +1069,12 @@ impl RecvComm {
             let regs = self.regs.lock().expect("registrations lock");
             match regs.covering(mhandle, addr, len) {
                 Ok(reg) => {
-                    let data = &mut st.scratch[..len as usize];
-                    self.bounce.read(bounce * EAGER_MAX as usize, data);
-                    reg.mr.write((addr - reg.addr) as usize, data);
+                    self.bounce.copy_to(
+                        bounce * EAGER_MAX as usize,
+                        &reg.mr,
+                        (addr - reg.addr) as usize,
+                        len as usize,
+                    );
                 }
                 Err(e) => {
                     st.failed
@@ -1167,19 +1166,21 @@ impl RecvComm {
             return Ok(());
         }
         let stride = EAGER_MAX as usize;
-        let wrs: Vec<RecvWr> = st
-            .repost
-            .iter()
-            .map(|&b| RecvWr {
-                wr_id: b as u64,
-                local: self.bounce.sge(b * stride, stride),
-            })
-            .collect();
-        self.link
+        let mut wrs = std::mem::take(&mut st.repost_wrs);
+        wrs.clear();
+        wrs.extend(st.repost.iter().map(|&b| RecvWr {
+            wr_id: b as u64,
+            local: self.bounce.sge(b * stride, stride),
+        }));
+        let posted = self
+            .link
             .qp
             .post_recv(&wrs)
-            .map_err(NetError::verbs("posting bounce receives"))?;
-        st.pending_credits += wrs.len() as u64;
+            .map_err(NetError::verbs("posting bounce receives"));
+        let count = wrs.len() as u64;
+        st.repost_wrs = wrs;
+        posted?;
+        st.pending_credits += count;
         st.repost.clear();
         Ok(())
     }
@@ -1255,7 +1256,6 @@ mod tests {
             credits,
             stage_free: Vec::new(),
             ctrl_repost: Vec::new(),
-            scratch: Vec::new(),
             next_seq: 0,
             failed: None,
         }

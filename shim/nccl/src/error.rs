@@ -84,8 +84,11 @@ impl NetError {
 
     /// Wraps a verbs error with what was being done.
     pub fn verbs(context: impl Into<String>) -> impl FnOnce(tbrdma_verbs::VerbsError) -> NetError {
-        let context = context.into();
-        move |source| NetError::Verbs { context, source }
+        // The context becomes a String only on error: this sits on every post.
+        move |source| NetError::Verbs {
+            context: context.into(),
+            source,
+        }
     }
 
     /// A misuse with this description.

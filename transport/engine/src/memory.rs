@@ -207,6 +207,26 @@ impl Buffer {
         }
     }
 
+    /// Copies `len` bytes at `offset` into `dst` at `dst_offset`, with no intermediate buffer
+    /// (the ranges may overlap when `dst` is this buffer).
+    ///
+    /// # Panics
+    /// If either range is outside its buffer.
+    pub fn copy_to(&self, offset: usize, dst: &Buffer, dst_offset: usize, len: usize) {
+        let inside = |at: usize, size: usize| at.checked_add(len).is_some_and(|end| end <= size);
+        assert!(inside(offset, self.len), "copy from outside the buffer");
+        assert!(inside(dst_offset, dst.len), "copy to outside the buffer");
+        // SAFETY: both ranges are inside live mappings (checked above); `ptr::copy` allows them
+        // to overlap. Concurrent writes by the engine are the RDMA contract (module docs).
+        unsafe {
+            std::ptr::copy(
+                self.ptr.as_ptr().add(offset),
+                dst.ptr.as_ptr().add(dst_offset),
+                len,
+            )
+        }
+    }
+
     /// Reads the aligned 8-byte word at `offset` with an atomic load (for polling a flag the
     /// peer writes).
     ///

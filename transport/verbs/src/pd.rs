@@ -139,6 +139,15 @@ impl MemoryRegion {
         self.buffer.write(offset, data)
     }
 
+    /// Copies `len` bytes at `offset` into `dst` at `dst_offset`, straight from region to
+    /// region.
+    ///
+    /// # Panics
+    /// If either range is outside its region.
+    pub fn copy_to(&self, offset: usize, dst: &MemoryRegion, dst_offset: usize, len: usize) {
+        self.buffer.copy_to(offset, &dst.buffer, dst_offset, len)
+    }
+
     /// Atomically loads the aligned 8-byte word at `offset` (to poll a flag a peer writes).
     pub fn load_u64(&self, offset: usize) -> u64 {
         self.buffer.load_u64(offset)
