@@ -81,6 +81,8 @@ pub(crate) struct Channel {
     /// The connection ended; messages that arrived before stay readable.
     closed: bool,
     wcs: Vec<Completion>,
+    /// Zero-length receives for immediates, all alike: built once, posted as a prefix.
+    recv_wrs: Vec<RecvWr>,
 }
 
 impl Channel {
@@ -99,6 +101,11 @@ impl Channel {
         // At most `slots` data messages and as many credit messages can be unconsumed at once,
         // plus an abort; twice that leaves slack for receives re-posted late.
         let recv_depth = 2 * slots + 8;
+        const POLL_BATCH: usize = 64;
+        let recv_wr = RecvWr {
+            wr_id: 0,
+            local: inbox.sge(0, 0),
+        };
         let ch = Channel {
             peer,
             qp,
@@ -119,20 +126,16 @@ impl Channel {
             control_posted: 0,
             control_done: 0,
             closed: false,
-            wcs: vec![Completion::default(); 64],
+            wcs: vec![Completion::default(); POLL_BATCH],
+            recv_wrs: vec![recv_wr; recv_depth.max(POLL_BATCH)],
         };
         ch.post_recvs(recv_depth)?;
         Ok(ch)
     }
 
+    /// Posts `n` receives (at most one per completion a poll returns, or the initial depth).
     fn post_recvs(&self, n: usize) -> tbrdma_verbs::Result<()> {
-        let wrs: Vec<RecvWr> = (0..n)
-            .map(|_| RecvWr {
-                wr_id: 0,
-                local: self.inbox.sge(0, 0),
-            })
-            .collect();
-        self.qp.post_recv(&wrs)
+        self.qp.post_recv(&self.recv_wrs[..n])
     }
 
     /// Moves completions into the channel's counters. Returns whether anything happened.
