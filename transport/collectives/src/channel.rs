@@ -253,16 +253,36 @@ impl Channel {
 
     /// Copies the oldest message into `out` (which must have its length) and frees its slot.
     pub fn consume(&mut self, out: &mut [u8]) -> Result<(), Fault> {
-        let len = self.arrived.pop_front().unwrap_or(usize::MAX);
-        if len != out.len() {
-            return Err(Fault::Failed(format!(
-                "protocol error: expected a message of {} bytes, got {len} (are all ranks running the same collective with the same count?)",
-                out.len()
-            )));
+        self.expect_oldest(out.len())?;
+        self.view_oldest(&mut |bytes| out.copy_from_slice(bytes));
+        self.release_oldest()
+    }
+
+    /// Checks that the oldest message arrived and is `len` bytes long.
+    pub fn expect_oldest(&self, len: usize) -> Result<(), Fault> {
+        match self.peek() {
+            Some(got) if got == len => Ok(()),
+            got => Err(Fault::Failed(format!(
+                "protocol error: expected a message of {len} bytes, got {} (are all ranks running the same collective with the same count?)",
+                got.map_or("none".to_string(), |g| g.to_string())
+            ))),
         }
+    }
+
+    /// Lends the oldest message to `f` where it sits in the inbox (no copy). Call after
+    /// [`Self::expect_oldest`]; the peer does not write the slot until [`Self::release_oldest`].
+    pub fn view_oldest(&self, f: &mut dyn FnMut(&[u8])) {
+        let len = self.peek().unwrap_or(0);
         let at = (self.consumed % self.slots) as usize * self.slot_bytes;
-        if len > 0 {
-            self.inbox.read(at, out);
+        self.inbox.with_bytes(at, len, |bytes| f(bytes))
+    }
+
+    /// Frees the oldest message's slot (handing slots back to the peer when half are owed).
+    pub fn release_oldest(&mut self) -> Result<(), Fault> {
+        if self.arrived.pop_front().is_none() {
+            return Err(Fault::Failed(
+                "protocol error: released a message that has not arrived".into(),
+            ));
         }
         self.consumed += 1;
         let owed = self.consumed - self.credited;

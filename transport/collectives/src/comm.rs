@@ -19,15 +19,16 @@ use crate::channel::{ABORT_SELF, Channel, Fault};
 use crate::config::{
     Algorithm, CommOptions, Digest, PROTOCOL_VERSION, algorithm_code, build_hash, dtype_mask,
 };
+use crate::dtype::FoldScratch;
 use crate::error::{CollError, Result};
 
 /// Reusable buffers, so collectives allocate nothing once warmed up.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
-    /// One chunk per rank (index = rank).
-    pub chunks: Vec<Vec<u8>>,
-    /// f32 accumulator for 16-bit floats.
-    pub wide: Vec<f32>,
+    /// A reduce-scatter's working copy of its input.
+    pub work: Vec<u8>,
+    /// The reduction's accumulators.
+    pub fold: FoldScratch,
     /// One received chunk (ring steps).
     pub staging: Vec<u8>,
     /// A typed call's bytes, or a non-root's reduce output.
@@ -159,10 +160,7 @@ impl Communicator {
             rails,
             opts: opts.clone(),
             chans: (0..world).map(|_| None).collect(),
-            scratch: Scratch {
-                chunks: vec![Vec::new(); world],
-                ..Scratch::default()
-            },
+            scratch: Scratch::default(),
             poisoned: None,
         };
         let me = &hostfile.ranks[rank];

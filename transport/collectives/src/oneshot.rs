@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use crate::channel::{Fault, channel_to};
 use crate::comm::{Communicator, Step};
-use crate::dtype::{DType, ReduceOp, reduce_ranks};
+use crate::dtype::{DType, Fold, ReduceOp, fold_ranks};
 use crate::error::Result;
 
 /// Byte range of chunk `c` of a buffer of `len` bytes cut in chunks of `chunk` bytes.
@@ -61,19 +61,29 @@ pub(crate) fn all_reduce(
         }
         if waiting.is_none() && c < nchunks {
             let r = chunk(c, chunk_bytes, len);
-            for (p, ch) in chans.iter_mut().enumerate() {
-                let buf = &mut scratch.chunks[p];
-                buf.resize(r.len(), 0);
+            for (p, ch) in chans.iter().enumerate() {
                 match ch {
-                    Some(ch) => ch.consume(buf)?,
-                    None if p == rank => buf.copy_from_slice(match input {
-                        Some(i) => &i[r.clone()],
-                        None => &out[r.clone()],
-                    }),
+                    Some(ch) => ch.expect_oldest(r.len())?,
+                    None if p == rank => {}
                     None => return Err(Fault::Failed(format!("no cable to rank {p}"))),
                 }
             }
-            reduce_ranks(dtype, op, &mut out[r], &scratch.chunks, &mut scratch.wide);
+            // Every peer's chunk is reduced where it sits in the inbox.
+            let peer = |p: usize, f: &mut dyn FnMut(&[u8])| {
+                if let Some(ch) = &chans[p] {
+                    ch.view_oldest(f)
+                }
+            };
+            let fold = Fold {
+                dtype,
+                op,
+                world,
+                local: Some((rank, input.map(|i| &i[r.clone()]))),
+            };
+            fold_ranks(fold, &mut out[r], &peer, &mut scratch.fold);
+            for ch in chans.iter_mut().flatten() {
+                ch.release_oldest()?;
+            }
             c += 1;
             progressed = true;
         }

@@ -153,7 +153,7 @@ impl Communicator {
                 problem: "needs rank k cabled to k±1".into(),
             });
         }
-        let mut work = std::mem::take(&mut self.scratch.chunks[self.rank]);
+        let mut work = std::mem::take(&mut self.scratch.work);
         work.clear();
         work.extend_from_slice(input);
         let plan = ring::Plan {
@@ -165,7 +165,7 @@ impl Communicator {
         };
         let result = ring::run(self, &mut work, &plan);
         output.copy_from_slice(&work[mine]);
-        self.scratch.chunks[self.rank] = work;
+        self.scratch.work = work;
         result
     }
 

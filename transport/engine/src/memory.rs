@@ -190,6 +190,27 @@ impl Buffer {
         }
     }
 
+    /// Calls `f` with the `len` bytes at `offset`, borrowed in place (no copy): for reducing or
+    /// checksumming straight out of a region.
+    ///
+    /// The bytes are what the region holds; as with [`Self::read`], the application must not let
+    /// a peer or a receive write the range while it looks (the RDMA contract: read a range after
+    /// the completion that says it arrived, before handing it back).
+    ///
+    /// # Panics
+    /// If the range is outside the buffer.
+    pub fn with_slice<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "view outside the buffer"
+        );
+        // SAFETY: the range is inside the live mapping (checked above), which outlives `self`
+        // and so the borrow `f` gets. Writes to it while `f` runs break the RDMA contract in the
+        // module docs, exactly as they would for `read`.
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) };
+        f(bytes)
+    }
+
     /// Copies `data` to `offset`.
     ///
     /// # Panics

@@ -131,6 +131,16 @@ impl MemoryRegion {
         self.buffer.read(offset, out)
     }
 
+    /// Calls `f` with the `len` bytes at `offset`, borrowed in place instead of copied (to
+    /// reduce or checksum straight out of a region). Look only at a range no request or peer is
+    /// writing: after the completion that says it arrived, before handing it back.
+    ///
+    /// # Panics
+    /// If the range is outside the region.
+    pub fn with_bytes<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        self.buffer.with_slice(offset, len, f)
+    }
+
     /// Copies bytes into the region.
     ///
     /// # Panics
