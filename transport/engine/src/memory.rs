@@ -211,6 +211,14 @@ impl Buffer {
         f(bytes)
     }
 
+    /// The address of byte `offset`, for handing the kernel an iovec that points into the region
+    /// (the payload part of a gathered datagram, see [`crate::io::RegionPart`]). Taking it is
+    /// harmless; whoever gives it to the kernel must keep the range inside the buffer and the
+    /// buffer alive until the kernel is done reading.
+    pub fn ptr_at(&self, offset: usize) -> *const u8 {
+        self.ptr.as_ptr().wrapping_add(offset)
+    }
+
     /// Copies `data` to `offset`.
     ///
     /// # Panics
@@ -311,6 +319,12 @@ impl Arena {
     pub fn table_mut(&mut self) -> &mut MemoryTable {
         &mut self.table
     }
+
+    /// The bytes of a registered region (for a datagram that sends them where they lie: it
+    /// keeps the `Arc` until the kernel has read them).
+    pub fn buffer(&self, id: RegionId) -> Option<&Arc<Buffer>> {
+        self.buffers.get(id.0 as usize).and_then(Option::as_ref)
+    }
 }
 
 impl Memory for Arena {
@@ -328,5 +342,36 @@ impl Memory for Arena {
         if let Some(Some(buffer)) = self.buffers.get(region.0 as usize) {
             buffer.write(offset as usize, data);
         }
+    }
+
+    fn with_bytes(&self, region: RegionId, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) {
+        if let Some(Some(buffer)) = self.buffers.get(region.0 as usize) {
+            buffer.with_slice(offset as usize, len, |bytes| f(bytes));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_arena_lends_region_bytes_in_place() {
+        let mut arena = Arena::new([3; 32]);
+        let buffer = Arc::new(Buffer::allocate(4096, false).unwrap());
+        buffer.write(100, b"gathered payload");
+        let region = arena
+            .register(Arc::clone(&buffer), tbrdma_proto::Access::empty())
+            .unwrap();
+        let mut seen = Vec::new();
+        arena.with_bytes(region.id, 100, 16, &mut |bytes| {
+            assert_eq!(bytes.as_ptr(), buffer.ptr_at(100), "not a copy");
+            seen.extend_from_slice(bytes);
+        });
+        assert_eq!(seen, b"gathered payload");
+        assert!(Arc::ptr_eq(arena.buffer(region.id).unwrap(), &buffer));
+        arena.deregister(region.id);
+        arena.with_bytes(region.id, 100, 16, &mut |_| panic!("a region that is gone"));
+        assert!(arena.buffer(region.id).is_none());
     }
 }

@@ -276,6 +276,18 @@ pub trait Memory {
     fn read(&self, region: RegionId, offset: u64, out: &mut [u8]);
     /// Copies `data` into `region` at `offset`.
     fn write(&mut self, region: RegionId, offset: u64, data: &[u8]);
+    /// Lends the `len` bytes of `region` at `offset` to `f`, in place where the implementation
+    /// can (the engine's pinned mappings), so that the core can checksum a payload that is sent
+    /// from where it lies without copying it. `f` may be called several times with consecutive
+    /// pieces that together make up the range; for a region that is gone it may not be called at
+    /// all.
+    ///
+    /// The default copies through [`Self::read`] into a temporary (fine for test memories).
+    fn with_bytes(&self, region: RegionId, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) {
+        let mut bytes = vec![0; len];
+        self.read(region, offset, &mut bytes);
+        f(&bytes);
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,10 @@ pub mod uring;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::memory::Buffer;
 
 /// Which backend moves the datagrams.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,13 +48,67 @@ impl std::str::FromStr for EngineKind {
     }
 }
 
+/// The second part of a gathered datagram: `len` bytes of a registered region, sent from where
+/// they lie (an iovec into the region's mapping) instead of being copied behind the header.
+/// It holds the region's [`Buffer`] so the mapping outlives the send even if the region is
+/// deregistered meanwhile.
+#[derive(Clone, Debug)]
+pub struct RegionPart {
+    buffer: Arc<Buffer>,
+    offset: usize,
+    len: usize,
+}
+
+impl RegionPart {
+    /// The `len` bytes of `buffer` at `offset`.
+    ///
+    /// # Panics
+    /// If the range is outside the buffer.
+    pub fn new(buffer: Arc<Buffer>, offset: usize, len: usize) -> RegionPart {
+        assert!(
+            offset
+                .checked_add(len)
+                .is_some_and(|end| end <= buffer.len()),
+            "region part outside its buffer"
+        );
+        RegionPart {
+            buffer,
+            offset,
+            len,
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the part is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Address of the first byte, for an iovec: valid for `len` bytes as long as `self` lives.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.buffer.ptr_at(self.offset)
+    }
+
+    /// Calls `f` with the bytes, in place.
+    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        self.buffer.with_slice(self.offset, self.len, f)
+    }
+}
+
 /// Datagrams waiting to be sent, in buffers the engine owns for its whole life (so a backend
-/// may register them with the kernel once).
+/// may register them with the kernel once). A datagram is the bytes in its buffer, optionally
+/// followed by a [`RegionPart`] (a gathered datagram: header in the buffer, payload in
+/// registered memory); backends send both parts as one datagram (two iovecs).
 #[derive(Debug)]
 pub struct TxBatch {
     bufs: Vec<Box<[u8]>>,
     lens: Vec<usize>,
     dests: Vec<SocketAddr>,
+    parts: Vec<Option<RegionPart>>,
     used: usize,
 }
 
@@ -64,6 +121,7 @@ impl TxBatch {
                 .collect(),
             lens: vec![0; slots],
             dests: vec![SocketAddr::from(([0, 0, 0, 0], 0)); slots],
+            parts: vec![None; slots],
             used: 0,
         }
     }
@@ -73,10 +131,17 @@ impl TxBatch {
         self.bufs.get_mut(self.used).map(|b| &mut b[..])
     }
 
-    /// Marks the buffer from [`Self::next_buf`] as holding `len` bytes for `dest`.
+    /// Marks the buffer from [`Self::next_buf`] as holding a `len`-byte datagram for `dest`.
     pub fn commit(&mut self, len: usize, dest: SocketAddr) {
+        self.commit_parts(len, dest, None);
+    }
+
+    /// Marks the buffer from [`Self::next_buf`] as holding the first `len` bytes of a datagram
+    /// for `dest`, whose remaining bytes, if any, are `part`.
+    pub fn commit_parts(&mut self, len: usize, dest: SocketAddr, part: Option<RegionPart>) {
         self.lens[self.used] = len;
         self.dests[self.used] = dest;
+        self.parts[self.used] = part;
         self.used += 1;
     }
 
@@ -90,7 +155,8 @@ impl TxBatch {
         self.used -= 1;
         let i = self.used;
         std::mem::swap(&mut self.bufs[i], &mut other.bufs[other.used]);
-        other.commit(self.lens[i], self.dests[i]);
+        let part = self.parts[i].take();
+        other.commit_parts(self.lens[i], self.dests[i], part);
     }
 
     /// Datagrams waiting.
@@ -108,13 +174,27 @@ impl TxBatch {
         self.used == self.bufs.len()
     }
 
-    /// Datagram `i`: its bytes and destination.
+    /// Datagram `i`: the bytes in its buffer (all of it, unless [`Self::part`] has the rest)
+    /// and its destination.
     pub fn get(&self, i: usize) -> (&[u8], SocketAddr) {
         (&self.bufs[i][..self.lens[i]], self.dests[i])
     }
 
-    /// Forgets every datagram (after sending).
+    /// The second part of datagram `i`, if it has one.
+    pub fn part(&self, i: usize) -> Option<&RegionPart> {
+        self.parts[i].as_ref()
+    }
+
+    /// Length of datagram `i` on the wire (both parts).
+    pub fn datagram_len(&self, i: usize) -> usize {
+        self.lens[i] + self.parts[i].as_ref().map_or(0, RegionPart::len)
+    }
+
+    /// Forgets every datagram (after sending), letting go of the regions they pointed into.
     pub fn clear(&mut self) {
+        for part in &mut self.parts[..self.used] {
+            *part = None;
+        }
         self.used = 0;
     }
 
@@ -178,6 +258,124 @@ pub fn open(
                     ))
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(len: usize) -> Arc<Buffer> {
+        let buffer = Arc::new(Buffer::allocate(len, false).expect("a small pinned buffer"));
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + 1) as u8).collect();
+        buffer.write(0, &bytes);
+        buffer
+    }
+
+    fn commit(batch: &mut TxBatch, head: &[u8], dest: SocketAddr, part: Option<RegionPart>) {
+        let buf = batch.next_buf().expect("room");
+        buf[..head.len()].copy_from_slice(head);
+        batch.commit_parts(head.len(), dest, part);
+    }
+
+    #[test]
+    fn two_part_entries_move_between_batches_and_release_their_regions() {
+        let buffer = region(4096);
+        let (a, b): (SocketAddr, SocketAddr) =
+            ("10.0.0.1:1".parse().unwrap(), "10.0.0.2:2".parse().unwrap());
+        let mut first = TxBatch::new(4, 64);
+        let mut other = TxBatch::new(4, 64);
+        commit(&mut first, b"plain", a, None);
+        commit(
+            &mut first,
+            b"head",
+            b,
+            Some(RegionPart::new(Arc::clone(&buffer), 100, 1000)),
+        );
+        assert_eq!(Arc::strong_count(&buffer), 2, "the batch holds the region");
+        assert_eq!((first.datagram_len(0), first.datagram_len(1)), (5, 1004));
+        assert!(first.part(0).is_none());
+
+        // The two-part datagram moves with its region part; the plain one stays.
+        first.move_last_to(&mut other);
+        assert_eq!((first.len(), other.len()), (1, 1));
+        assert_eq!(first.get(0), (&b"plain"[..], a));
+        assert_eq!(other.get(0), (&b"head"[..], b));
+        let part = other.part(0).expect("the part moved along");
+        assert_eq!((part.len(), other.datagram_len(0)), (1000, 1004));
+        part.with_bytes(|bytes| {
+            let expected: Vec<u8> = (100..1100).map(|i| (i * 7 + 1) as u8).collect();
+            assert_eq!(bytes, &expected[..]);
+        });
+        assert_eq!(Arc::strong_count(&buffer), 2);
+
+        // A plain datagram committed into the slot the moved one left carries no stale part.
+        commit(&mut first, b"again", a, None);
+        assert!(first.part(1).is_none());
+        assert_eq!(first.datagram_len(1), 5);
+
+        other.clear();
+        assert_eq!(Arc::strong_count(&buffer), 1, "clear lets go of the region");
+        first.clear();
+        assert!(first.is_empty() && other.is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn a_region_part_must_lie_inside_its_buffer() {
+        let _ = RegionPart::new(region(100), 50, 51);
+    }
+
+    /// Both backends send gathered datagrams as one datagram each, alone and in batches.
+    #[test]
+    fn backends_send_both_parts_as_one_datagram() {
+        let buffer = region(200_000);
+        // Room for a whole batch of 60 KB datagrams.
+        let receiver = crate::socket::bind_udp("127.0.0.1:0".parse().unwrap(), 8 << 20, 1 << 20)
+            .expect("a loopback socket");
+        receiver.set_nonblocking(false).unwrap();
+        receiver
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let dest = receiver.local_addr().unwrap();
+        for kind in [EngineKind::Sockets, EngineKind::Uring] {
+            let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let Ok((mut io, fallback)) = open(kind, socket, 65_535, false) else {
+                panic!("cannot open {kind:?}");
+            };
+            if fallback.is_some() {
+                continue; // No io_uring here: the sockets case covers the rest.
+            }
+            for connected in [false, true] {
+                io.set_peer(connected.then_some(dest)).unwrap();
+                // One datagram alone (the single-send path), then a mixed batch.
+                for count in [1usize, 7] {
+                    let mut batch = TxBatch::new(8, 128);
+                    let mut expected = Vec::new();
+                    for i in 0..count {
+                        let head = vec![i as u8 + 1; 10 + i];
+                        let part = (i % 3 != 1).then(|| {
+                            RegionPart::new(Arc::clone(&buffer), 333 * i, 60_000 - 5000 * i)
+                        });
+                        let mut datagram = head.clone();
+                        if let Some(p) = &part {
+                            p.with_bytes(|bytes| datagram.extend_from_slice(bytes));
+                        }
+                        expected.push(datagram);
+                        commit(&mut batch, &head, dest, part);
+                    }
+                    io.send(&mut batch).unwrap();
+                    assert!(batch.is_empty());
+                    let mut buf = vec![0u8; 65_536];
+                    for datagram in &expected {
+                        let n = receiver.recv(&mut buf).expect("a datagram");
+                        assert!(buf[..n] == datagram[..], "{kind:?}: datagram differs");
+                    }
+                }
+            }
+            io.set_peer(None).unwrap();
+            assert_eq!(Arc::strong_count(&buffer), 1);
         }
     }
 }

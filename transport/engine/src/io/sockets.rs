@@ -1,5 +1,6 @@
 //! The plain-socket backend: nonblocking `sendmmsg` / `recvmmsg` on one UDP socket, batches
-//! of up to 32 datagrams per system call. Works on every Linux and inside containers whose
+//! of up to 32 datagrams per system call; a gathered datagram (header and a region part, see
+//! [`super::RegionPart`]) goes out as one message with two iovecs. Works on every Linux and inside containers whose
 //! seccomp profile denies io_uring.
 //!
 //! **This file contains `unsafe`**: the two system calls take raw message headers that point
@@ -190,15 +191,29 @@ impl DatagramIo for SocketIo {
             let n = (batch.len() - start).min(BATCH);
             let mut names =
                 [MaybeUninit::<(libc::sockaddr_storage, libc::socklen_t)>::uninit(); BATCH];
-            let mut iovs = [MaybeUninit::<libc::iovec>::uninit(); BATCH];
+            // Two iovecs per datagram: the buffer, then the region part of a gathered one.
+            let mut iovs = [MaybeUninit::<[libc::iovec; 2]>::uninit(); BATCH];
             let mut msgs = [MaybeUninit::<libc::mmsghdr>::uninit(); BATCH];
             for i in 0..n {
                 let (data, dest) = batch.get(start + i);
+                let part = batch.part(start + i);
                 names[i].write(to_raw(&dest));
-                iovs[i].write(libc::iovec {
-                    iov_base: data.as_ptr() as *mut _,
-                    iov_len: data.len(),
-                });
+                iovs[i].write([
+                    libc::iovec {
+                        iov_base: data.as_ptr() as *mut _,
+                        iov_len: data.len(),
+                    },
+                    part.map_or(
+                        libc::iovec {
+                            iov_base: std::ptr::null_mut(),
+                            iov_len: 0,
+                        },
+                        |p| libc::iovec {
+                            iov_base: p.as_ptr() as *mut _,
+                            iov_len: p.len(),
+                        },
+                    ),
+                ]);
                 // SAFETY: both were initialised just above.
                 let (name, iov) =
                     unsafe { (names[i].assume_init_mut(), iovs[i].assume_init_mut()) };
@@ -210,8 +225,8 @@ impl DatagramIo for SocketIo {
                     hdr.msg_name = &mut name.0 as *mut _ as *mut libc::c_void;
                     hdr.msg_namelen = name.1;
                 }
-                hdr.msg_iov = iov;
-                hdr.msg_iovlen = 1;
+                hdr.msg_iov = iov.as_mut_ptr();
+                hdr.msg_iovlen = if part.is_some() { 2 } else { 1 };
                 msgs[i].write(libc::mmsghdr {
                     msg_hdr: hdr,
                     msg_len: 0,
@@ -221,16 +236,25 @@ impl DatagramIo for SocketIo {
             let mut retries = 0;
             while done < n {
                 let sent = if n == 1 && self.peer == Some(batch.get(start).1) {
-                    // One datagram to the connected peer (a ping-pong's): plain send(2), which
-                    // spares the kernel copying in a message header.
-                    let (data, _) = batch.get(start);
-                    // SAFETY: `data` is a live buffer of the batch and its exact length is
-                    // passed; the kernel only reads it.
-                    let rc = unsafe { libc::send(fd, data.as_ptr() as *const _, data.len(), 0) };
+                    let rc = if batch.part(start).is_none() {
+                        // One datagram to the connected peer (a ping-pong's): plain send(2),
+                        // which spares the kernel copying in a message header.
+                        let (data, _) = batch.get(start);
+                        // SAFETY: `data` is a live buffer of the batch and its exact length is
+                        // passed; the kernel only reads it.
+                        unsafe { libc::send(fd, data.as_ptr() as *const _, data.len(), 0) }
+                    } else {
+                        // A gathered one: its two parts with one sendmsg(2), no address.
+                        // SAFETY: `msgs[0]` was initialised above; its header points at `iovs[0]`
+                        // (the batch's buffer and the region part, which the batch keeps alive)
+                        // and names no address, all alive and unmoved for the call.
+                        unsafe { libc::sendmsg(fd, &msgs[0].assume_init_ref().msg_hdr, 0) }
+                    };
                     if rc >= 0 { 1 } else { -1 }
                 } else {
                     // SAFETY: `msgs[done..n]` are initialised headers pointing at `names`,
-                    // `iovs` and the batch's buffers, all alive and unmoved for the call.
+                    // `iovs`, the batch's buffers and its region parts (whose `Arc`s the batch
+                    // holds), all alive and unmoved for the call.
                     unsafe {
                         libc::sendmmsg(fd, msgs[done].as_mut_ptr(), (n - done) as libc::c_uint, 0)
                     }

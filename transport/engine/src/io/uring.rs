@@ -1,6 +1,6 @@
 //! The io_uring backend: one ring per socket, multishot `recvmsg` into a provided-buffer ring,
-//! batched `sendmsg` (zero-copy above a threshold, off by default), waits on one
-//! `io_uring_enter` with a timeout.
+//! batched `sendmsg` (zero-copy above a threshold, off by default; a gathered datagram's header
+//! and region part as two iovecs), waits on one `io_uring_enter` with a timeout.
 //!
 //! Kernel requirements: multishot `recvmsg` (Linux 6.0) and provided-buffer rings (5.19) are
 //! needed, [`UringIo::new`] fails otherwise and [`super::open`] falls back to sockets. Used when
@@ -360,7 +360,8 @@ struct TxSlot {
 #[derive(Default)]
 struct TxState {
     names: Vec<libc::sockaddr_storage>,
-    iovs: Vec<IoVec>,
+    /// Two per datagram: its buffer, then the region part of a gathered one.
+    iovs: Vec<[IoVec; 2]>,
     hdrs: Vec<MsgHdr>,
     slots: Vec<TxSlot>,
     /// Datagrams (indices) waiting to be pushed.
@@ -386,12 +387,7 @@ impl TxState {
             // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
             let zero_name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
             self.names.resize(n, zero_name);
-            self.iovs.resize_with(n, || {
-                IoVec(libc::iovec {
-                    iov_base: std::ptr::null_mut(),
-                    iov_len: 0,
-                })
-            });
+            self.iovs.resize_with(n, || [IoVec::EMPTY, IoVec::EMPTY]);
             self.hdrs.resize_with(n, || MsgHdr(zeroed_msghdr()));
             self.slots.resize(n, TxSlot::default());
         }
@@ -405,10 +401,18 @@ impl TxState {
                 name_len = 0;
             }
             self.names[i] = name;
-            self.iovs[i] = IoVec(libc::iovec {
-                iov_base: data.as_ptr() as *mut libc::c_void,
-                iov_len: data.len(),
-            });
+            self.iovs[i] = [
+                IoVec(libc::iovec {
+                    iov_base: data.as_ptr() as *mut libc::c_void,
+                    iov_len: data.len(),
+                }),
+                batch.part(i).map_or(IoVec::EMPTY, |p| {
+                    IoVec(libc::iovec {
+                        iov_base: p.as_ptr() as *mut libc::c_void,
+                        iov_len: p.len(),
+                    })
+                }),
+            ];
             self.slots[i] = TxSlot {
                 name_len,
                 ..TxSlot::default()
@@ -427,7 +431,7 @@ impl TxState {
                 hdr.msg_namelen = self.slots[i].name_len;
             }
             hdr.msg_iov = iovs.wrapping_add(i).cast();
-            hdr.msg_iovlen = 1;
+            hdr.msg_iovlen = if batch.part(i).is_some() { 2 } else { 1 };
             self.hdrs[i] = MsgHdr(hdr);
         }
     }
@@ -439,10 +443,20 @@ impl TxState {
     }
 }
 
+/// An iovec; `[IoVec; 2]` has the layout of `[libc::iovec; 2]`, which a message header with
+/// `msg_iovlen` 2 points at.
 #[repr(transparent)]
 struct IoVec(libc::iovec);
 
-// SAFETY: as for `MsgHdr`: the pointer targets a `TxBatch` buffer only during one `send` call.
+impl IoVec {
+    const EMPTY: IoVec = IoVec(libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    });
+}
+
+// SAFETY: as for `MsgHdr`: the pointer targets a `TxBatch` buffer or region part only during
+// one `send` call.
 unsafe impl Send for IoVec {}
 
 fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -679,9 +693,9 @@ impl UringIo {
     fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
         loop {
             // SAFETY: every SQE built in this file points only at memory owned by `self` (receive
-            // header, buffer ring) or at the caller's `TxBatch` buffers and `self.tx`, which
-            // `send` keeps alive and unmoved until their completions (and zero-copy
-            // notifications) have been reaped.
+            // header, buffer ring) or at the caller's `TxBatch` buffers and region parts (whose
+            // `Arc`s the batch holds until `clear`) and `self.tx`, which `send` keeps alive and
+            // unmoved until their completions (and zero-copy notifications) have been reaped.
             let pushed = unsafe { self.ring.submission().push(entry) };
             if pushed.is_ok() {
                 return Ok(());
@@ -826,7 +840,7 @@ impl DatagramIo for UringIo {
                 let hdr = self.tx.hdr(i);
                 let flags = libc::MSG_DONTWAIT as u32;
                 let entry = match zc_from {
-                    Some(from) if batch.get(i).0.len() >= from => {
+                    Some(from) if batch.datagram_len(i) >= from => {
                         opcode::SendMsgZc::new(fd, hdr).flags(flags).build()
                     }
                     _ => opcode::SendMsg::new(fd, hdr).flags(flags).build(),
@@ -849,7 +863,13 @@ impl DatagramIo for UringIo {
                 ) {
                     // The ring refuses to run: the kernel may still hold pointers into the batch,
                     // so cancel everything before handing the batch back.
-                    self.cancel_all();
+                    if !self.cancel_all() {
+                        // Not certain the kernel let go: keep the regions the sends point into
+                        // mapped for good (the batch's own buffers live as long as the engine).
+                        for i in 0..batch.len() {
+                            std::mem::forget(batch.part(i).cloned());
+                        }
+                    }
                     batch.clear();
                     return Err(e);
                 }

@@ -29,7 +29,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::config::Config;
-use crate::memory::{Access, Memory};
+use crate::memory::{Access, Memory, RegionId};
 use crate::seq::Psn;
 use crate::time::Time;
 use crate::wire::{self, ErrorCode, Ext, Handshake, Header, Opcode};
@@ -137,6 +137,39 @@ pub struct Stats {
     pub seq_naks_sent: u64,
     /// Explicit ACK packets sent.
     pub acks_sent: u64,
+}
+
+/// The payload of a gathered datagram, left in registered memory: the caller sends these
+/// bytes straight after the header [`Connection::poll_transmit_gather`] wrote (the CRC in that
+/// header already covers them). The range was checked when its request was posted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PayloadRef {
+    /// The region the bytes are in.
+    pub region: RegionId,
+    /// Offset of the first byte from the start of the region.
+    pub offset: u64,
+    /// How many bytes.
+    pub len: usize,
+}
+
+/// A datagram from [`Connection::poll_transmit_gather`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Bytes written at the front of the buffer: the header, followed by the payload unless
+    /// the payload is in [`Self::payload`].
+    pub len: usize,
+    /// The path (rail) the datagram leaves on.
+    pub path: usize,
+    /// The payload, when it was left in memory: the datagram is the buffer's `len` bytes and
+    /// then these.
+    pub payload: Option<PayloadRef>,
+}
+
+impl Transmit {
+    /// Length of the whole datagram on the wire.
+    pub fn datagram_len(&self) -> usize {
+        self.len + self.payload.map_or(0, |p| p.len)
+    }
 }
 
 /// What the connection manager agreed on before the handshake: who is who, and the secret.
@@ -650,13 +683,37 @@ impl Connection {
         buf: &mut [u8],
         mem: &M,
     ) -> Option<(usize, usize)> {
+        // No payload reaches `usize::MAX` bytes: everything is copied into `buf`.
+        self.poll_transmit_gather(now, buf, mem, usize::MAX)
+            .map(|t| (t.len, t.path))
+    }
+
+    /// As [`Self::poll_transmit_path`], but a payload of at least `gather_from` bytes is not
+    /// copied: only the header goes into `buf`, and [`Transmit::payload`] says which bytes of
+    /// registered memory the caller must send after it, as the second part of the same datagram
+    /// (a two-element `sendmsg` iovec). The CRC in the header covers both parts, read from
+    /// memory in place through [`Memory::with_bytes`], so the datagram on the wire is byte for
+    /// byte the one [`Self::poll_transmit_path`] would have produced. Smaller payloads (and
+    /// every control packet) are copied behind the header as usual, and the result has no
+    /// payload part. `buf` must be as large as for [`Self::poll_transmit`].
+    pub fn poll_transmit_gather<M: Memory + ?Sized>(
+        &mut self,
+        now: Time,
+        buf: &mut [u8],
+        mem: &M,
+        gather_from: usize,
+    ) -> Option<Transmit> {
         self.last_path = self.paths.primary();
-        let len = self.next_datagram(now, buf, mem)?;
+        let (len, payload) = self.next_datagram(now, buf, mem, gather_from)?;
         self.stats.packets_sent += 1;
         if let Some(sent) = self.paths.sent.get_mut(self.last_path) {
             *sent += 1;
         }
-        Some((len, self.last_path))
+        Some(Transmit {
+            len,
+            path: self.last_path,
+            payload,
+        })
     }
 
     fn next_datagram<M: Memory + ?Sized>(
@@ -664,7 +721,8 @@ impl Connection {
         now: Time,
         buf: &mut [u8],
         mem: &M,
-    ) -> Option<usize> {
+        gather_from: usize,
+    ) -> Option<(usize, Option<PayloadRef>)> {
         if self.control.handshake {
             self.control.handshake = false;
             let h = self.handshake_params();
@@ -678,11 +736,11 @@ impl Connection {
                     self.config.initial_rto * 2u32.saturating_pow(self.handshake_attempts);
                 self.handshake_deadline = Some(now + backoff.min(self.config.max_rto));
             }
-            return Some(self.control_packet(buf, ext));
+            return Some((self.control_packet(buf, ext), None));
         }
         if self.control.close {
             self.control.close = false;
-            return Some(self.control_packet(buf, Ext::Close { reason: 0 }));
+            return Some((self.control_packet(buf, Ext::Close { reason: 0 }), None));
         }
         if !matches!(
             self.state,
@@ -691,10 +749,10 @@ impl Connection {
             return None;
         }
         if let Some(nak) = self.rx.take_nak() {
-            return Some(self.control_packet(buf, nak));
+            return Some((self.control_packet(buf, nak), None));
         }
-        if let Some(len) = self.transmit_sequenced(now, buf, mem) {
-            return Some(len);
+        if let Some(sent) = self.transmit_sequenced(now, buf, mem, gather_from) {
+            return Some(sent);
         }
         let held = self.rx.ack_deferred() && self.ack_hold_until.is_some_and(|t| now < t);
         if self.rx.ack_needed() && !held {
@@ -706,15 +764,15 @@ impl Connection {
             let ext = self
                 .rx
                 .take_ack(self.config.window, self.config.max_datagram);
-            return Some(self.control_packet(buf, ext));
+            return Some((self.control_packet(buf, ext), None));
         }
         if let Some(path) = self.control.probe.take() {
             self.last_path = path;
-            return Some(self.control_packet(buf, Ext::KeepAlive));
+            return Some((self.control_packet(buf, Ext::KeepAlive), None));
         }
         if self.control.keepalive {
             self.control.keepalive = false;
-            return Some(self.control_packet(buf, Ext::KeepAlive));
+            return Some((self.control_packet(buf, Ext::KeepAlive), None));
         }
         None
     }
@@ -816,11 +874,14 @@ impl Connection {
         now: Time,
         buf: &mut [u8],
         mem: &M,
-    ) -> Option<usize> {
+        gather_from: usize,
+    ) -> Option<(usize, Option<PayloadRef>)> {
         let psn = self.tx.next_to_send(now)?;
         self.last_path = self.paths.for_packet(psn, self.tx.is_striped(psn));
         let header = self.header(Opcode::Send, psn, 0);
-        let len = self.tx.build(psn, header, self.max_payload, buf, mem);
+        let built = self
+            .tx
+            .build(psn, header, self.max_payload, buf, mem, gather_from);
         if self.tx.on_sent(psn, now) {
             self.stats.retransmits += 1;
         }
@@ -828,7 +889,7 @@ impl Connection {
         if !self.rx.ack_needed() {
             self.ack_hold_until = None;
         }
-        Some(len)
+        Some(built)
     }
 
     fn on_tx_timeout(&mut self, now: Time) {

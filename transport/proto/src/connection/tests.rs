@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::Config;
 use crate::connection::{ConnectionError, ConnectionState, Event};
-use crate::memory::{Access, Region};
+use crate::memory::{Access, Memory, Region};
 use crate::sim::{LinkConfig, Pair, PairConfig};
 use crate::time::Time;
 use crate::work::{RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion};
@@ -1126,5 +1126,262 @@ fn a_held_ack_rides_on_the_reply() {
             wcs.len() == 2 && wcs.iter().all(|w| w.status == WcStatus::Success),
             "{wcs:?}"
         );
+    }
+}
+
+/// One side of a connection driven by hand, with its memory.
+struct HandSide {
+    conn: crate::Connection,
+    mem: crate::sim::SimMemory,
+    completions: Vec<WorkCompletion>,
+}
+
+/// Two identical connection pairs fed the same inputs in lockstep: pair 0 sends with
+/// `poll_transmit_path` (payloads copied), pair 1 with `poll_transmit_gather` (payloads from
+/// `gather_from` bytes left in memory and read back here as the second part). Every datagram of
+/// pair 1, assembled, must equal pair 0's byte for byte; the same datagrams are dropped in both
+/// (every `drop_every`-th), so retransmissions are compared too.
+struct Lockstep {
+    now: Time,
+    pairs: [[HandSide; 2]; 2],
+    gather_from: usize,
+    drop_every: u64,
+    datagrams: u64,
+    gathered: u64,
+}
+
+impl Lockstep {
+    fn new(config: Config, gather_from: usize, drop_every: u64) -> Lockstep {
+        use crate::connection::{ConnectParams, Connection};
+        use crate::seq::Psn;
+        let params = |local_qpn, remote_qpn, initial_psn| ConnectParams {
+            token: 0x5eed,
+            local_qpn,
+            remote_qpn,
+            initial_psn: Psn(initial_psn),
+        };
+        let side = |active: bool, seed: u64| {
+            let conn = if active {
+                Connection::connect(config.clone(), params(1, 2, u32::MAX - 20), Time::ZERO)
+            } else {
+                Connection::accept(config.clone(), params(2, 1, 77), Time::ZERO)
+            };
+            HandSide {
+                conn,
+                mem: crate::sim::SimMemory::new(seed),
+                completions: Vec::new(),
+            }
+        };
+        let pair = || [side(true, 1), side(false, 2)];
+        Lockstep {
+            now: Time::ZERO,
+            pairs: [pair(), pair()],
+            gather_from,
+            drop_every,
+            datagrams: 0,
+            gathered: 0,
+        }
+    }
+
+    /// Runs `f` on both copies of side `s` (0: the active side).
+    fn both<R: PartialEq + std::fmt::Debug>(
+        &mut self,
+        s: usize,
+        mut f: impl FnMut(&mut HandSide) -> R,
+    ) -> R {
+        let r0 = f(&mut self.pairs[0][s]);
+        let r1 = f(&mut self.pairs[1][s]);
+        assert_eq!(r0, r1, "the two copies diverged");
+        r0
+    }
+
+    /// Moves every datagram due, in both directions; returns whether any moved.
+    fn exchange(&mut self) -> bool {
+        let mut moved = false;
+        let mut buf_copied = vec![0u8; 65_536];
+        let mut buf_gathered = vec![0u8; 65_536];
+        for s in 0..2 {
+            loop {
+                let now = self.now;
+                let copied = {
+                    let side = &mut self.pairs[0][s];
+                    side.conn
+                        .poll_transmit_path(now, &mut buf_copied, &side.mem)
+                };
+                let gathered = {
+                    let side = &mut self.pairs[1][s];
+                    side.conn.poll_transmit_gather(
+                        now,
+                        &mut buf_gathered,
+                        &side.mem,
+                        self.gather_from,
+                    )
+                };
+                let (copied, gathered) = match (copied, gathered) {
+                    (None, None) => break,
+                    (Some(c), Some(g)) => (c, g),
+                    other => panic!("one copy sent and the other did not: {other:?}"),
+                };
+                moved = true;
+                self.datagrams += 1;
+                let mut datagram = buf_gathered[..gathered.len].to_vec();
+                if let Some(payload) = gathered.payload {
+                    assert!(payload.len >= self.gather_from && payload.len > 0);
+                    self.gathered += 1;
+                    self.pairs[1][s].mem.with_bytes(
+                        payload.region,
+                        payload.offset,
+                        payload.len,
+                        &mut |bytes| datagram.extend_from_slice(bytes),
+                    );
+                }
+                assert_eq!(gathered.datagram_len(), datagram.len());
+                assert_eq!((copied.1, gathered.path), (0, 0));
+                assert!(
+                    datagram[..] == buf_copied[..copied.0],
+                    "datagram {} differs ({} vs {} bytes)",
+                    self.datagrams,
+                    datagram.len(),
+                    copied.0
+                );
+                let packet = crate::wire::decode(&datagram).expect("a datagram that decodes");
+                let data = packet.ext.segment().map_or(0, |_| packet.payload.len());
+                assert_eq!(
+                    gathered.payload.is_some(),
+                    data > 0 && data >= self.gather_from,
+                    "{data} payload bytes, gathered from {}",
+                    self.gather_from
+                );
+                if self.datagrams % self.drop_every == 0 {
+                    continue;
+                }
+                for (k, bytes) in [(0, &buf_copied[..copied.0]), (1, &datagram[..])] {
+                    let peer = &mut self.pairs[k][1 - s];
+                    peer.conn.handle_datagram(now, bytes, &mut peer.mem);
+                }
+            }
+        }
+        for s in 0..2 {
+            self.both(s, |side| {
+                while let Some(wc) = side.conn.poll_completion() {
+                    side.completions.push(wc);
+                }
+                side.completions.len()
+            });
+        }
+        moved
+    }
+
+    /// Exchanges datagrams and runs deadlines until `done` holds on pair 0.
+    fn run(&mut self, mut done: impl FnMut(&[HandSide; 2]) -> bool) {
+        for _ in 0..100_000 {
+            if done(&self.pairs[0]) {
+                return;
+            }
+            if self.exchange() {
+                continue;
+            }
+            let deadline = self.pairs[0]
+                .iter()
+                .filter_map(|side| side.conn.poll_timeout())
+                .min()
+                .expect("a deadline while work is outstanding");
+            self.now = self.now.max(deadline);
+            for s in 0..2 {
+                let now = self.now;
+                self.both(s, |side| side.conn.handle_timeout(now));
+            }
+        }
+        panic!("lockstep run did not finish");
+    }
+}
+
+#[test]
+fn gathered_datagrams_are_byte_identical_to_copied_ones() {
+    // Payloads of 1000 bytes per packet, so that messages span many packets cheaply.
+    let config = Config {
+        max_datagram: crate::wire::MAX_HEADER_LEN + 1000,
+        ..Config::default()
+    };
+    for (gather_from, drop_every) in [(0, 7), (1, 5), (500, 11), (1000, 3), (usize::MAX, 7)] {
+        let mut l = Lockstep::new(config.clone(), gather_from, drop_every);
+        l.run(|p| {
+            p.iter()
+                .all(|side| side.conn.state() == ConnectionState::Established)
+        });
+        let (a, b) = (0, 1);
+        let len = 20_000usize;
+        let src = l.both(a, |side| {
+            side.mem
+                .alloc(len, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        });
+        let dst = l.both(b, |side| side.mem.alloc(len, RW));
+        let rbuf = l.both(b, |side| side.mem.alloc(len, Access::LOCAL_WRITE));
+        let readback = l.both(a, |side| side.mem.alloc(len, Access::LOCAL_WRITE));
+        l.both(a, |side| side.mem.fill(&src, 0, &pattern(len, 1)));
+        l.both(b, |side| side.mem.fill(&dst, 0, &pattern(len, 2)));
+        let mut posted = 0;
+        // WRITEs at odd offsets and lengths around the packet size, one of several packets.
+        for (i, (offset, n)) in [(3, 1), (0, 999), (17, 1000), (1, 1001), (5, 5000), (0, 0)]
+            .into_iter()
+            .enumerate()
+        {
+            let wr = SendWr {
+                wr_id: i as u64,
+                local: sge(&src, offset, n),
+                op: SendOp::Write {
+                    remote: remote(&dst, 10_000 + offset),
+                },
+            };
+            l.both(a, |side| side.conn.post_send(wr, &side.mem).unwrap());
+            posted += 1;
+        }
+        // SEND with immediate data into a posted receive, spanning three packets.
+        l.both(b, |side| {
+            side.conn
+                .post_recv(RecvWr {
+                    wr_id: 100,
+                    local: sge(&rbuf, 0, len as u64),
+                })
+                .unwrap()
+        });
+        let wr = SendWr {
+            wr_id: 10,
+            local: sge(&src, 33, 2500),
+            op: SendOp::Send { imm: Some(9) },
+        };
+        l.both(a, |side| side.conn.post_send(wr, &side.mem).unwrap());
+        // READ: the responses come from b's memory, at an odd offset.
+        let wr = SendWr {
+            wr_id: 11,
+            local: sge(&readback, 0, 3333),
+            op: SendOp::Read {
+                remote: remote(&dst, 5),
+            },
+        };
+        l.both(a, |side| side.conn.post_send(wr, &side.mem).unwrap());
+        posted += 2;
+        l.run(|p| p[0].completions.len() == posted && p[1].completions.len() == 1);
+        for side in &l.pairs[1] {
+            let wcs = &side.completions;
+            assert!(
+                wcs.iter().all(|wc| wc.status == WcStatus::Success),
+                "{wcs:?}"
+            );
+        }
+        assert!(l.pairs[1][a].mem.bytes(&readback, 0, 3333) == &pattern(len, 2)[5..3338]);
+        assert!(l.pairs[1][b].mem.bytes(&rbuf, 0, 2500) == &pattern(len, 1)[33..2533]);
+        assert!(
+            l.pairs[1][b].mem.bytes(&dst, 10_005, 5000) == &pattern(len, 1)[5..5005],
+            "WRITE data"
+        );
+        assert!(
+            l.pairs[1][a].conn.stats().retransmits + l.pairs[1][b].conn.stats().retransmits > 0,
+            "drops caused retransmissions"
+        );
+        match gather_from {
+            usize::MAX => assert_eq!(l.gathered, 0),
+            _ => assert!(l.gathered > 10, "{} gathered", l.gathered),
+        }
     }
 }

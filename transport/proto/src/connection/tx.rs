@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::PayloadRef;
 use super::sq::SqEntry;
 use crate::config::Config;
 use crate::memory::{Memory, Placement};
@@ -320,7 +321,10 @@ impl TxStream {
     }
 
     /// Builds the datagram for `psn` into `buf`; `header` has everything but opcode, PSN and
-    /// per-packet flags filled in.
+    /// per-packet flags filled in. A payload of at least `gather_from` bytes (and at least 1)
+    /// is left in memory: only the header is written, sealed with the CRC of header and
+    /// payload, and the payload is returned for the caller to send as the datagram's second
+    /// part. Returns the bytes written into `buf` and that payload, if any.
     pub fn build<M: Memory + ?Sized>(
         &self,
         psn: Psn,
@@ -328,7 +332,8 @@ impl TxStream {
         max_payload: u32,
         buf: &mut [u8],
         mem: &M,
-    ) -> usize {
+        gather_from: usize,
+    ) -> (usize, Option<PayloadRef>) {
         let index = self.messages.partition_point(|m| m.last_psn().before(psn));
         let message = &self.messages[index];
         let packet_index = psn.distance_from(message.first_psn);
@@ -407,14 +412,21 @@ impl TxStream {
         let header_len = wire::write_header(buf, &header, &ext, payload_len);
         let end = header_len + payload_len;
         if let (Some(source), Some(seg)) = (source, ext.segment()) {
-            mem.read(
-                source.region,
-                source.offset + seg.offset,
-                &mut buf[header_len..end],
-            );
+            let payload = PayloadRef {
+                region: source.region,
+                offset: source.offset + seg.offset,
+                len: payload_len,
+            };
+            if payload_len > 0 && payload_len >= gather_from {
+                wire::seal_parts(&mut buf[..header_len], |feed| {
+                    mem.with_bytes(payload.region, payload.offset, payload.len, feed)
+                });
+                return (header_len, Some(payload));
+            }
+            mem.read(payload.region, payload.offset, &mut buf[header_len..end]);
         }
         wire::seal(&mut buf[..end]);
-        end
+        (end, None)
     }
 
     /// Processes a cumulative acknowledgement. Returns whether it acknowledged anything new and

@@ -1,5 +1,7 @@
 //! Encoding: the header goes in front, the caller places the payload straight after it (from
-//! registered memory, with no intermediate copy), then [`seal`] writes the CRC.
+//! registered memory, with no intermediate copy), then [`seal`] writes the CRC. A payload left
+//! where it lies (sent as a second part of a gathered datagram) is fed to [`seal_parts`]
+//! instead: the CRC on the wire is the same.
 
 use super::bytes::Writer;
 use super::{COMMON_HEADER_LEN, CRC_RANGE, Ext, Header, MAGIC, VERSION};
@@ -12,11 +14,19 @@ use super::{COMMON_HEADER_LEN, CRC_RANGE, Ext, Header, MAGIC, VERSION};
 /// which measured 2.3-2.5× faster than the crc32c crate's SSE4.2 loop from 4 KiB up; see
 /// `docs/performance.md`.
 pub fn crc_of(datagram: &[u8]) -> u32 {
-    let head = datagram.get(..CRC_RANGE.start).unwrap_or(datagram);
-    let tail = datagram.get(CRC_RANGE.end..).unwrap_or(&[]);
+    crc_of_parts(datagram, |_| {})
+}
+
+/// CRC-32C of a datagram sent in two parts: `header` (which may also hold some or all of the
+/// payload), then the bytes `payload` hands to its argument, in order. The CRC field inside
+/// `header` is skipped, so the value is the one [`crc_of`] gives for the concatenation.
+pub fn crc_of_parts(header: &[u8], payload: impl FnOnce(&mut dyn FnMut(&[u8]))) -> u32 {
+    let head = header.get(..CRC_RANGE.start).unwrap_or(header);
+    let tail = header.get(CRC_RANGE.end..).unwrap_or(&[]);
     let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
     digest.update(head);
     digest.update(tail);
+    payload(&mut |bytes| digest.update(bytes));
     // A 32-bit CRC in the low half.
     digest.finalize() as u32
 }
@@ -25,6 +35,14 @@ pub fn crc_of(datagram: &[u8]) -> u32 {
 pub fn seal(datagram: &mut [u8]) {
     let crc = crc_of(datagram);
     datagram[CRC_RANGE].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Writes into `header` the CRC of the datagram made of `header` followed by the bytes
+/// `payload` hands to its argument (see [`crc_of_parts`]): for a datagram whose payload is
+/// sent from where it lies, as a second part, instead of being copied behind the header.
+pub fn seal_parts(header: &mut [u8], payload: impl FnOnce(&mut dyn FnMut(&[u8]))) {
+    let crc = crc_of_parts(header, payload);
+    header[CRC_RANGE].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Writes the common and extension headers for a datagram with `payload_len` payload bytes

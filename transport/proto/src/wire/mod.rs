@@ -11,7 +11,7 @@ mod encode;
 mod opcode;
 
 pub use decode::{DecodeError, Packet, decode};
-pub use encode::{crc_of, seal, write_header};
+pub use encode::{crc_of, crc_of_parts, seal, seal_parts, write_header};
 pub use opcode::{ErrorCode, NakCode, Opcode};
 
 use crate::seq::Psn;

@@ -192,3 +192,32 @@ proptest! {
         let _ = decode(&bytes);
     }
 }
+
+#[test]
+fn a_crc_over_parts_equals_the_crc_of_the_whole() {
+    let payload = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect::<Vec<_>>();
+    for (ext, _) in sample_exts() {
+        if ext.segment().is_none() {
+            continue;
+        }
+        let mut head = vec![0u8; MAX_HEADER_LEN];
+        let n = write_header(&mut head, &header(ext.opcode()), &ext, payload.len());
+        head.truncate(n);
+        let mut whole = head.clone();
+        whole.extend_from_slice(&payload);
+        seal(&mut whole);
+        // The payload fed as one piece, in several pieces, or partly inside the first part.
+        for split in [0, 1, 17, 4096, payload.len()] {
+            let mut first = head.clone();
+            first.extend_from_slice(&payload[..split]);
+            let rest = &payload[split..];
+            seal_parts(&mut first, |feed| {
+                for piece in rest.chunks(1000) {
+                    feed(piece);
+                }
+            });
+            assert_eq!(first[..], whole[..first.len()], "split {split}");
+            assert_eq!(crc_of_parts(&first, |feed| feed(rest)), crc_of(&whole));
+        }
+    }
+}
