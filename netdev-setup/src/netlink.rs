@@ -11,7 +11,8 @@ use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{
     InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkMessage,
 };
-use rtnetlink::{LinkMessageBuilder, LinkUnspec};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute};
+use rtnetlink::{LinkMessageBuilder, LinkUnspec, RouteMessageBuilder};
 
 use crate::error::{NetdevError, Result};
 use crate::inventory::Link;
@@ -154,6 +155,59 @@ impl Netlink {
         self.runtime
             .block_on(self.handle.link().add(message).execute())
             .map_err(|e| netlink_error(&format!("create veth {name} <-> {peer}"), e))
+    }
+
+    /// Adds (or replaces) the host route `destination/32 via gateway dev interface` in the
+    /// main table.
+    pub fn replace_host_route(
+        &self,
+        destination: Ipv4Addr,
+        gateway: Ipv4Addr,
+        interface: &str,
+    ) -> Result<()> {
+        let index = self.index_of(interface)?;
+        let message = RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(destination, 32)
+            .gateway(gateway)
+            .output_interface(index)
+            .build();
+        self.runtime
+            .block_on(self.handle.route().add(message).replace().execute())
+            .map_err(|e| {
+                netlink_error(
+                    &format!("add route {destination}/32 via {gateway} dev {interface}"),
+                    e,
+                )
+            })
+    }
+
+    /// IPv4 host routes (/32 with a gateway) of the main table, as (destination, gateway).
+    pub fn ipv4_host_routes(&self) -> Result<Vec<(Ipv4Addr, Ipv4Addr)>> {
+        let query = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let messages: Vec<_> = self
+            .runtime
+            .block_on(self.handle.route().get(query).execute().try_collect())
+            .map_err(|e| netlink_error("list routes", e))?;
+        let mut out = Vec::new();
+        for message in messages {
+            if message.header.destination_prefix_length != 32 {
+                continue;
+            }
+            let (mut destination, mut gateway) = (None, None);
+            for attribute in &message.attributes {
+                match attribute {
+                    RouteAttribute::Destination(RouteAddress::Inet(a)) => destination = Some(*a),
+                    RouteAttribute::Gateway(RouteAddress::Inet(a)) => gateway = Some(*a),
+                    _ => {}
+                }
+            }
+            if let (Some(d), Some(g)) = (destination, gateway) {
+                out.push((d, g));
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
     }
 
     /// Deletes an interface (for a veth, both ends go).

@@ -1,7 +1,8 @@
 //! The virtual lab end to end (needs root; skips without it): reachability between neighbours
-//! for each topology, discovery in every namespace agreeing with the lab's own hostfile,
-//! `setup` inside a namespace touching only that namespace and being idempotent, and `lab
-//! down` leaving nothing behind, even after a crash.
+//! for each topology, and in a ring from every rank to every address of every other rank
+//! (relayed by the kernels in between), discovery in every namespace agreeing with the lab's
+//! own hostfile, `setup` inside a namespace touching only that namespace and being idempotent,
+//! and `lab down` leaving nothing behind, even after a crash.
 
 mod common;
 
@@ -36,6 +37,66 @@ fn unreachable_links(lab: &LabGuard, hostfile: &Hostfile) -> Vec<String> {
         failures.extend(result.expect("ping in namespace"));
     }
     failures
+}
+
+/// Sends a UDP datagram from every rank to every cable address of every other rank (neighbour
+/// or not), each answered by an echo in the owner's namespace; returns the ones that got no
+/// answer. In a ring, the ranks that share no cable are reached through the kernels in between.
+fn unreachable_addresses(lab: &LabGuard, hostfile: &Hostfile, port: u16) -> Vec<String> {
+    use std::net::{SocketAddr, UdpSocket};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        for rank in 0..hostfile.ranks.len() {
+            let (namespace, stop, ready) = (lab.namespace(rank), &stop, ready_tx.clone());
+            scope.spawn(move || {
+                netns::enter_current_thread(&namespace).unwrap();
+                let echo = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], port))).unwrap();
+                echo.set_read_timeout(Some(Duration::from_millis(50)))
+                    .unwrap();
+                ready.send(()).unwrap();
+                let mut buf = [0u8; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((len, from)) = echo.recv_from(&mut buf) {
+                        let _ = echo.send_to(&buf[..len], from);
+                    }
+                }
+            });
+        }
+        for _ in 0..hostfile.ranks.len() {
+            ready_rx.recv().unwrap();
+        }
+        let mut failures = Vec::new();
+        for from in &hostfile.ranks {
+            let found = netns::run_in(&lab.namespace(from.rank), || {
+                let mut failed = Vec::new();
+                let socket = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0))).unwrap();
+                socket
+                    .set_read_timeout(Some(Duration::from_secs(2)))
+                    .unwrap();
+                for to in hostfile.ranks.iter().filter(|r| r.rank != from.rank) {
+                    for link in &to.links {
+                        let probe = format!("{} -> {} at {}", from.rank, to.rank, link.address);
+                        let mut buf = [0u8; 64];
+                        let answered = socket
+                            .send_to(probe.as_bytes(), (link.address, port))
+                            .is_ok()
+                            && socket
+                                .recv_from(&mut buf)
+                                .is_ok_and(|(len, _)| &buf[..len] == probe.as_bytes());
+                        if !answered {
+                            failed.push(probe);
+                        }
+                    }
+                }
+                Ok(failed)
+            });
+            failures.extend(found.expect("send in namespace"));
+        }
+        stop.store(true, Ordering::Relaxed);
+        failures
+    })
 }
 
 /// Runs discovery in every rank's namespace at once and returns each rank's hostfile.
@@ -119,6 +180,14 @@ fn check_lab(
         }
     }
     assert_eq!(unreachable_links(&lab, &hostfile), Vec::<String>::new());
+    if kind == TopologyKind::Ring {
+        // Every rank reaches every address of every other rank, through the ranks in between
+        // where no cable joins the two (`lab up` sets forwarding and routes in a ring).
+        assert_eq!(
+            unreachable_addresses(&lab, &hostfile, port + 100),
+            Vec::<String>::new()
+        );
+    }
     for (rank, discovered) in discover_everywhere(&lab, ranks, port)
         .into_iter()
         .enumerate()

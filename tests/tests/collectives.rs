@@ -117,6 +117,84 @@ fn three_ranks_meet_by_rendezvous_without_a_hostfile() {
     }
 }
 
+/// IPv4 datagrams rank `rank`'s kernel has forwarded so far (`Ip: ForwDatagrams`).
+fn forwarded(lab: &Lab, rank: usize) -> u64 {
+    tbrdma_netdev::netns::run_in(&lab.namespace(rank), || {
+        let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp")
+            .map_err(|e| tbrdma_netdev::NetdevError::io("reading", "snmp", e))?;
+        let mut lines = snmp.lines().filter(|l| l.starts_with("Ip:"));
+        let (names, values) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+        let at = names
+            .split_whitespace()
+            .position(|n| n == "ForwDatagrams")
+            .expect("ForwDatagrams in /proc/net/snmp");
+        Ok(values
+            .split_whitespace()
+            .nth(at)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
+    })
+    .expect("read the namespace's IP counters")
+}
+
+#[test]
+fn send_recv_between_ranks_without_a_cable_is_relayed_by_the_kernel_in_between() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("crl", 4, LabTopology::Ring, 1) else {
+        return;
+    };
+    let before: Vec<u64> = (0..4).map(|r| forwarded(&lab, r)).collect();
+    let children = spawn_all(&lab, "relay", &[]);
+    for (rank, (ok, out, err)) in children.into_iter().map(finish).enumerate() {
+        assert!(ok, "rank {rank}:\n{out}\n{err}");
+        assert!(out.contains("relay verified"), "rank {rank}:\n{out}");
+    }
+    // 0 → 2 goes 0-1-2 and back 2-3-0 (ties go up); 3 → 1 goes 3-0-1 and back 1-2-3: every
+    // rank's kernel relays for one of the pairs, while its process only ran the all-reduces.
+    for (rank, before) in before.into_iter().enumerate() {
+        let relayed = forwarded(&lab, rank) - before;
+        assert!(
+            relayed > 20,
+            "rank {rank}'s kernel forwarded {relayed} datagrams"
+        );
+    }
+}
+
+#[test]
+fn a_ring_whose_middle_rank_does_not_forward_fails_fast_naming_the_fix() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("crn", 4, LabTopology::Ring, 1) else {
+        return;
+    };
+    // Rank 1 stops forwarding: 0 → 2 (which goes 0-1-2) has no path.
+    tbrdma_netdev::netns::run_in(&lab.namespace(1), || {
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "0")
+            .map_err(|e| tbrdma_netdev::NetdevError::io("writing", "ip_forward", e))
+    })
+    .expect("turn forwarding off");
+    let start = Instant::now();
+    let children = spawn_all(&lab, "relay", &["timeout=8".to_string()]);
+    let deadline = start + Duration::from_secs(40);
+    for (rank, child) in children.into_iter().enumerate() {
+        let (ok, out, err) =
+            wait_until(child, deadline).unwrap_or_else(|| panic!("rank {rank} hung"));
+        assert!(!ok, "rank {rank} succeeded?\n{out}\n{err}");
+        if rank == 0 || rank == 2 {
+            let other = 2 - rank;
+            assert!(
+                err.contains(&format!("connecting rank {rank} to rank {other}"))
+                    && err.contains(&format!("ranks {rank} and {other} share no cable"))
+                    && err.contains("tbrdma setup --relay")
+                    && err.contains("TBRDMA_RELAY=ranks"),
+                "rank {rank}:\n{out}\n{err}"
+            );
+        }
+        eprintln!("rank {rank}: {}", err.trim());
+    }
+    // The probe's bound (3 s), not the 8 s timeout, ends ranks 0 and 2.
+    eprintln!("all ranks ended after {:?}", start.elapsed());
+}
+
 /// Waits for `child` up to `deadline`; kills it and returns None if it is still running.
 fn wait_until(mut child: Child, deadline: Instant) -> Option<(bool, String, String)> {
     loop {

@@ -19,6 +19,11 @@ pub struct SetupArgs {
     /// Also write persistent configuration for this network manager.
     #[arg(long, value_enum)]
     persist: Option<Persist>,
+    /// In a ring of 4 or more hosts (this cluster's hostfile): also forward IPv4 between the
+    /// cables and route to every rank's cable addresses, so ranks that share no cable reach
+    /// each other through the hosts in between (not persistent; the log says how to undo it).
+    #[arg(long, value_name = "HOSTFILE")]
+    relay: Option<std::path::PathBuf>,
 }
 
 pub(super) fn run(args: SetupArgs) -> anyhow::Result<()> {
@@ -28,12 +33,17 @@ pub(super) fn run(args: SetupArgs) -> anyhow::Result<()> {
             "--mtu {mtu} is out of range; use 68 to 65535 (thunderbolt-net allows up to 65522)"
         );
     }
+    let relay = match &args.relay {
+        Some(path) => Some(crate::hostfile::Hostfile::load(path)?),
+        None => None,
+    };
     let (detector, inventory) = args.detect.detect()?;
     print_inventory(&detector, &inventory);
     let options = SetupOptions {
         mtu: args.mtu,
         persist: args.persist,
         proc_root: args.detect.procfs_root.clone(),
+        relay,
         ..SetupOptions::default()
     };
     let plan = setup::plan(&inventory, &options)?;
@@ -46,6 +56,11 @@ pub(super) fn run(args: SetupArgs) -> anyhow::Result<()> {
         sysfs_root: &detector.sysfs_root,
     };
     setup::apply(&plan, &roots)?;
+    if let Some(undo) = setup::relay::undo_hint(&plan.steps) {
+        say!(
+            "relay: forwarding and routes to the ranks without a cable to this host are set; undo with: {undo}"
+        );
+    }
     let again = setup::plan(&detector.detect()?, &options)?;
     if again.is_empty() {
         say!("applied {} steps; setup complete", plan.steps.len());

@@ -17,7 +17,8 @@ use crate::lab::{LabTopology, check_name, down};
 use crate::links_file::{ExplicitLink, LinksFile};
 use crate::netlink::Netlink;
 use crate::netns;
-use crate::setup::{Roots, SetupOptions, apply, plan};
+use crate::setup::relay::relay_steps;
+use crate::setup::{Plan, Roots, SetupOptions, apply, plan};
 
 /// What to build.
 #[derive(Debug, Clone)]
@@ -160,6 +161,11 @@ fn build(options: &LabOptions, pairs: &[(usize, usize)], state: &LabState) -> Re
         })?;
     }
     let hostfile = Hostfile::from_records(&records)?;
+    // In a ring of 4 or more, ranks that share no cable reach each other through the kernels
+    // of the ranks in between (`setup::relay`).
+    for rank in 0..options.ranks {
+        netns::run_in(&state.namespaces[rank], || configure_relay(&hostfile, rank))?;
+    }
     let path = hostfile_path(&options.name);
     hostfile.save(&path)?;
     Ok(path)
@@ -178,6 +184,24 @@ fn configure_rank(file: &LinksFile) -> Result<crate::hostfile::HostRecord> {
     };
     apply(&plan, &roots)?;
     local_record(&inventory)
+}
+
+/// Turns forwarding on and adds the routes to the ranks this one has no cable to, in the
+/// calling thread's namespace: what `tbrdma setup --relay HOSTFILE` would do on a real host.
+fn configure_relay(hostfile: &Hostfile, rank: usize) -> Result<()> {
+    let options = SetupOptions::default();
+    let steps = relay_steps(hostfile, rank, &options.proc_root, &[]);
+    let roots = Roots {
+        proc_root: &options.proc_root,
+        sysfs_root: std::path::Path::new("/sys"),
+    };
+    apply(
+        &Plan {
+            steps,
+            notes: Vec::new(),
+        },
+        &roots,
+    )
 }
 
 fn wait_for_operstate_up(file: &LinksFile) {

@@ -30,7 +30,10 @@ pub fn apply(plan: &Plan, roots: &Roots<'_>) -> Result<()> {
     let uses_netlink = plan.steps.iter().any(|s| {
         matches!(
             s,
-            Step::LinkUp { .. } | Step::SetMtu { .. } | Step::AddAddress { .. }
+            Step::LinkUp { .. }
+                | Step::SetMtu { .. }
+                | Step::AddAddress { .. }
+                | Step::AddRoute { .. }
         )
     });
     let socket = if uses_netlink {
@@ -49,6 +52,12 @@ pub fn apply(plan: &Plan, roots: &Roots<'_>) -> Result<()> {
                 prefix_len,
                 ..
             } => netlink()?.add_ipv4(interface, *address, *prefix_len)?,
+            Step::AddRoute {
+                destination,
+                gateway,
+                interface,
+                ..
+            } => netlink()?.replace_host_route(*destination, *gateway, interface)?,
             Step::Sysctl { key, to, .. } => {
                 let path = roots.proc_root.join("sys").join(key.replace('.', "/"));
                 write_value(&path, &to.to_string(), step)?;

@@ -4,6 +4,7 @@
 pub mod apply;
 pub mod persist;
 pub mod plan;
+pub mod relay;
 pub mod tuning;
 
 pub use apply::{Roots, apply};

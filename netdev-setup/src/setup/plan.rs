@@ -62,6 +62,20 @@ pub enum Step {
         /// New value.
         to: u64,
     },
+    /// Add a host route to another rank's cable address through a neighbour (relaying in a
+    /// ring, see `setup::relay`).
+    AddRoute {
+        /// The address (a /32).
+        destination: Ipv4Addr,
+        /// The neighbour's address on the cable the packets leave by.
+        gateway: Ipv4Addr,
+        /// That cable's interface.
+        interface: String,
+        /// The rank that owns the address, for the reader.
+        owner: usize,
+        /// The neighbour's rank, for the reader.
+        via: usize,
+    },
     /// Write a persistent configuration file.
     WriteFile {
         /// Absolute path.
@@ -101,6 +115,16 @@ impl fmt::Display for Step {
             } => {
                 write!(f, "set {interface} {knob}: {from} -> {to}")
             }
+            Step::AddRoute {
+                destination,
+                gateway,
+                interface,
+                owner,
+                via,
+            } => write!(
+                f,
+                "route {destination}/32 (rank {owner}) via {gateway} dev {interface} (rank {via})"
+            ),
             Step::WriteFile { path, .. } => write!(f, "write {}", path.display()),
         }
     }
@@ -117,6 +141,10 @@ pub struct SetupOptions {
     pub proc_root: PathBuf,
     /// Root under which persistent files are written (`/` normally).
     pub persist_root: PathBuf,
+    /// The cluster's hostfile, when this host should relay for ranks that share no cable (a
+    /// ring of 4 or more): forwarding, loose reverse-path filtering and host routes
+    /// (`setup::relay`).
+    pub relay: Option<crate::hostfile::Hostfile>,
 }
 
 impl Default for SetupOptions {
@@ -126,6 +154,7 @@ impl Default for SetupOptions {
             persist: None,
             proc_root: PathBuf::from("/proc"),
             persist_root: PathBuf::from("/"),
+            relay: None,
         }
     }
 }
@@ -225,6 +254,9 @@ pub fn plan(inventory: &Inventory, options: &SetupOptions) -> Result<Plan> {
             }
         }
     }
+    if let Some(hostfile) = &options.relay {
+        plan_relay(&mut plan, inventory, hostfile, &options.proc_root)?;
+    }
     if let Some(persist) = options.persist {
         for (path, contents) in persist_files(persist, inventory, &cables, options)? {
             let path = options
@@ -236,6 +268,42 @@ pub fn plan(inventory: &Inventory, options: &SetupOptions) -> Result<Plan> {
         }
     }
     Ok(plan)
+}
+
+fn plan_relay(
+    plan: &mut Plan,
+    inventory: &Inventory,
+    hostfile: &crate::hostfile::Hostfile,
+    proc_root: &Path,
+) -> Result<()> {
+    let Some(rank) = hostfile
+        .ranks
+        .iter()
+        .find(|r| inventory.host_uuids.contains(&r.uuid))
+        .map(|r| r.rank)
+    else {
+        plan.notes.push(
+            "relay: this host is not in the hostfile (no rank has its UUID); no routes planned"
+                .into(),
+        );
+        return Ok(());
+    };
+    if hostfile.topology.kind != crate::hostfile::TopologyKind::Ring {
+        plan.notes.push(format!(
+            "relay: a {} shares a cable between every two ranks; nothing to relay",
+            hostfile.topology.kind
+        ));
+        return Ok(());
+    }
+    let existing = crate::netlink::Netlink::open()?.ipv4_host_routes()?;
+    let steps = crate::setup::relay::relay_steps(hostfile, rank, proc_root, &existing);
+    if let Some(undo) = crate::setup::relay::undo_hint(&steps) {
+        plan.notes.push(format!(
+            "relay: rank {rank} forwards for the ranks it is between and routes to the ranks it has no cable to; to undo: {undo}"
+        ));
+    }
+    plan.steps.extend(steps);
+    Ok(())
 }
 
 fn plan_address(plan: &mut Plan, link: &crate::inventory::Link, cable: &Cable) {

@@ -815,7 +815,8 @@ pub unsafe extern "C" fn tbrdma_barrier(comm: *mut tbrdma_comm) -> c_int {
 /// The path of a point-to-point message from rank `src` to rank `dst`: direct over a cable,
 /// else around the ring the shorter way. Writes up to `cap` ranks (`src` first, `dst` last) to
 /// `path` and returns how many the path has (2 when a cable joins them), or a negative error.
-/// The ranks in between must call `tbrdma_forward`.
+/// By default the kernels of the ranks in between relay (docs/collectives.md, "Relay"); with
+/// TBRDMA_RELAY=ranks they must call `tbrdma_forward` instead.
 ///
 /// # Safety
 /// `comm` must be a live communicator; `path` valid for writes of `cap` entries (NULL with 0).
@@ -849,8 +850,10 @@ pub unsafe extern "C" fn tbrdma_route(
 }
 
 /// Sends `count` elements of `buf` to rank `peer`, which calls `tbrdma_recv` with the same
-/// count and type; where no cable joins the two, every rank in between calls `tbrdma_forward`
-/// (see `tbrdma_route`). Messages between two ranks arrive in the order they were sent.
+/// count and type. Where no cable joins the two, the hosts in between relay in their kernels
+/// (`tbrdma setup --relay`; the lab does it) and only the two ranks call; with
+/// TBRDMA_RELAY=ranks every rank in between calls `tbrdma_forward` (see `tbrdma_route`).
+/// Messages between two ranks arrive in the order they were sent.
 ///
 /// # Safety
 /// `comm` must be a live communicator not in use by another thread; `buf` valid for reads of
@@ -903,7 +906,8 @@ pub unsafe extern "C" fn tbrdma_recv(
 }
 
 /// Relays a message of `count` elements from rank `src` to rank `dst` through this rank, which
-/// must be between them on `tbrdma_route(src, dst)`. Chunks are passed on as they arrive.
+/// must be between them on `tbrdma_route(src, dst)`, when TBRDMA_RELAY=ranks. Chunks are passed
+/// on as they arrive. With the default kernel relay it only checks its arguments.
 ///
 /// # Safety
 /// `comm` must be a live communicator not in use by another thread.

@@ -4,7 +4,10 @@
 //! `tbrdma-coll-peer NETNS key=value…` with keys `hostfile` (path), `rank`, `scenario`
 //! (`suite`: every operation × type × operator × count against the local reference, printing
 //! `passed N`, one `fingerprint …` line per arbitrary-input result and `all checks passed`;
-//! `loop`: all-reduces until one fails, printing `looping` once the first succeeded),
+//! `loop`: all-reduces until one fails, printing `looping` once the first succeeded;
+//! `relay`: on a ring of 4, an all-reduce, then rank 0 and rank 2 swap messages, and so do
+//! rank 3 and rank 1, while the ranks in between call nothing, then an all-reduce again,
+//! printing `relay verified` when every message arrived intact),
 //! `counts` (comma-separated element counts), `rails` (cables per neighbour to use),
 //! `timeout` (seconds), `engine` (sockets|uring); `rendezvous` (rank 0's ip:port) and `world` meet by rendezvous
 //! instead of reading the hostfile. Exits 0 only when every check passed.
@@ -78,8 +81,54 @@ fn run(args: &HashMap<String, String>) -> anyhow::Result<()> {
             }
             bail!("the loop ended without a failure");
         }
+        "relay" => relay(&mut comm, rank)?,
         other => bail!("unknown scenario {other:?}"),
     }
+    Ok(())
+}
+
+/// Rank 0 ↔ rank 2 and rank 3 ↔ rank 1 on a ring of 4, each message relayed by the kernel of
+/// a rank in between, which is not told about it (it only joins the all-reduces around).
+fn relay(comm: &mut Communicator, rank: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        comm.world_size() == 4,
+        "the relay scenario needs a ring of 4"
+    );
+    let mut x = vec![rank as f32 + 1.0; 1000];
+    comm.all_reduce_in_place(&mut x, ReduceOp::Sum)?;
+    anyhow::ensure!(x.iter().all(|&v| v == 10.0), "all-reduce before: {}", x[0]);
+    let message = |from: usize, to: usize, len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|i| (i * 31 + from * 7 + to * 3 + len) as u8)
+            .collect()
+    };
+    let partner = [2, 3, 0, 1][rank];
+    // Rank 0 and rank 3 send first; their partners answer. Sizes from empty to many slots.
+    for len in [0, 1, 5000, 100_000] {
+        let sends_first = rank == 0 || rank == 3;
+        for turn in 0..2 {
+            if (turn == 0) == sends_first {
+                comm.send_bytes(partner, &message(rank, partner, len))?;
+            } else {
+                let mut got = vec![0u8; len];
+                comm.recv_bytes(partner, &mut got)?;
+                anyhow::ensure!(
+                    got == message(partner, rank, len),
+                    "message of {len} bytes from rank {partner} corrupted"
+                );
+            }
+        }
+        println!(
+            "swapped {len} bytes with rank {partner} via {:?}",
+            comm.route(rank, partner)?
+        );
+    }
+    let mut x = vec![rank as f32; 1000];
+    comm.all_reduce_in_place(&mut x, ReduceOp::Max)?;
+    anyhow::ensure!(x.iter().all(|&v| v == 3.0), "all-reduce after: {}", x[0]);
+    comm.barrier()?;
+    println!("relay verified");
+    std::thread::sleep(Duration::from_millis(300));
     Ok(())
 }
 

@@ -262,30 +262,46 @@ pub fn suite(
         report.passed += 1;
     }
     comm.set_algorithm(saved);
-    // Point-to-point between every ordered pair, relayed where no cable joins them.
-    for (k, &count) in counts.iter().enumerate() {
-        for src in 0..world {
-            for dst in (0..world).filter(|&d| d != src) {
-                let s = seed ^ 0x9e1a ^ (k as u64) << 8 ^ (src * world + dst) as u64;
-                random_input(DType::U8, count, src, s, &mut want);
-                let path = comm.route(src, dst)?;
-                if rank == src {
-                    comm.send_bytes(dst, &want)?;
-                } else if rank == dst {
-                    got.clear();
-                    got.resize(count, 0xAA);
-                    comm.recv_bytes(src, &mut got)?;
-                    note(
-                        &mut report,
-                        format!("send/recv {src}->{dst} via {path:?} count {count}"),
-                        count_wrong(DType::U8, &got, &want),
-                    );
-                } else if path.contains(&rank) {
-                    comm.forward(src, dst, count)?;
+    // Point-to-point between every ordered pair, relayed where no cable joins them: as the
+    // communicator is set to relay (by default the kernels in between, which the ranks in
+    // between leave alone), then, if that was the kernel, through the ranks in between too.
+    let relay = comm.relay();
+    let mut relays = vec![relay];
+    if relay == crate::Relay::Kernel {
+        relays.push(crate::Relay::Ranks);
+    }
+    for &mode in &relays {
+        comm.set_relay(mode);
+        for (k, &count) in counts.iter().enumerate() {
+            for src in 0..world {
+                for dst in (0..world).filter(|&d| d != src) {
+                    let s = seed ^ 0x9e1a ^ (k as u64) << 8 ^ (src * world + dst) as u64;
+                    random_input(DType::U8, count, src, s, &mut want);
+                    let path = comm.route(src, dst)?;
+                    if rank == src {
+                        comm.send_bytes(dst, &want)?;
+                    } else if rank == dst {
+                        got.clear();
+                        got.resize(count, 0xAA);
+                        comm.recv_bytes(src, &mut got)?;
+                        let how = if path.len() > 2 {
+                            format!(" relayed by the {mode}")
+                        } else {
+                            String::new()
+                        };
+                        note(
+                            &mut report,
+                            format!("send/recv {src}->{dst} via {path:?}{how} count {count}"),
+                            count_wrong(DType::U8, &got, &want),
+                        );
+                    } else if path.contains(&rank) && mode == crate::Relay::Ranks {
+                        comm.forward(src, dst, count)?;
+                    }
                 }
             }
         }
     }
+    comm.set_relay(relay);
     // Everyone leaves the suite together, so no rank closes its connections while another
     // still has point-to-point traffic in flight to it.
     comm.barrier()?;

@@ -1,4 +1,5 @@
-//! The communicator: N ranks, one channel per cabled neighbour, built from a hostfile.
+//! The communicator: N ranks, one channel per cabled neighbour, built from a hostfile (and one
+//! per rank with no cable to this one once a send/recv connects it directly: `direct`).
 //!
 //! Owns connection setup (deterministic order: a rank connects to every lower-ranked neighbour,
 //! in rank order, then accepts every higher-ranked one, so no two ranks wait on each other), the
@@ -17,8 +18,9 @@ use tbrdma_verbs::{
 
 use crate::channel::{ABORT_SELF, Channel, Fault};
 use crate::config::{
-    Algorithm, CommOptions, Digest, PROTOCOL_VERSION, algorithm_code, build_hash, dtype_mask,
+    Algorithm, CommOptions, Digest, PROTOCOL_VERSION, Relay, algorithm_code, build_hash, dtype_mask,
 };
+use crate::direct::DirectEnds;
 use crate::dtype::FoldScratch;
 use crate::error::{CollError, Result};
 
@@ -54,10 +56,28 @@ pub struct Communicator {
     pub(crate) topology: TopologyKind,
     pub(crate) rails: usize,
     pub(crate) opts: CommOptions,
-    /// Indexed by peer rank; `None` where no cable joins the two (and for this rank).
+    /// Indexed by peer rank: the channel to each neighbour, and to each rank with no cable to
+    /// this one once a send/recv with it connected directly (`direct`); `None` otherwise.
     pub(crate) chans: Vec<Option<Channel>>,
+    /// Indexed by peer rank: whether a cable joins the two.
+    pub(crate) cabled: Vec<bool>,
+    /// How messages between ranks that share no cable travel.
+    pub(crate) relay: Relay,
+    /// Indexed by peer rank, for ranks with no cable to this one: the two ends of a direct
+    /// connection over the routed path (see `direct`).
+    pub(crate) direct_ends: Vec<Option<DirectEnds>>,
     pub(crate) scratch: Scratch,
     poisoned: Option<String>,
+}
+
+/// What one end of a connection needs before it connects: a device on the cable (or cables)
+/// it leaves by, and the slots.
+pub(crate) struct End {
+    pub device: Device,
+    pub pd: tbrdma_verbs::ProtectionDomain,
+    pub cq: tbrdma_verbs::CompletionQueue,
+    pub inbox: tbrdma_verbs::MemoryRegion,
+    pub outbox: tbrdma_verbs::MemoryRegion,
 }
 
 fn bad(problem: impl Into<String>, fix: impl Into<String>) -> CollError {
@@ -153,6 +173,7 @@ impl Communicator {
             opts.max_rails
         };
         let rails = (hostfile.topology.rails.max(1) as usize).min(max_rails);
+        let relay = Relay::from_env()?;
         let mut comm = Communicator {
             rank,
             world,
@@ -160,6 +181,9 @@ impl Communicator {
             rails,
             opts: opts.clone(),
             chans: (0..world).map(|_| None).collect(),
+            cabled: vec![false; world],
+            relay,
+            direct_ends: vec![None; world],
             scratch: Scratch::default(),
             poisoned: None,
         };
@@ -169,11 +193,7 @@ impl Communicator {
         neighbours.dedup();
         struct Pending {
             peer: usize,
-            device: Device,
-            pd: tbrdma_verbs::ProtectionDomain,
-            cq: tbrdma_verbs::CompletionQueue,
-            inbox: tbrdma_verbs::MemoryRegion,
-            outbox: tbrdma_verbs::MemoryRegion,
+            end: End,
             target: SocketAddr,
             listener: Option<Listener>,
         }
@@ -185,96 +205,143 @@ impl Communicator {
                     "regenerate the hostfile",
                 ));
             }
+            comm.cabled[peer] = true;
             let mut links: Vec<_> = me.links.iter().filter(|l| l.peer == peer).collect();
             links.sort_by_key(|l| l.rail);
             links.truncate(rails);
             let ips: Vec<String> = links.iter().map(|l| l.address.to_string()).collect();
-            let names: Vec<&str> = ips.iter().map(String::as_str).collect();
-            let engine = EngineConfig {
-                engine: opts.engine,
-                progress: opts.progress,
-                ..EngineConfig::default()
-            };
-            let connect_err = |source| CollError::Connect {
-                rank: peer,
-                local: rank,
-                source,
-            };
-            let device = Device::open_rails(&names, DeviceConfig { engine, port: 0 })
-                .map_err(connect_err)?;
-            let pd = device.alloc_pd();
-            let cq = device.create_cq(8 * opts.slots + 256);
-            let bytes = opts.slots * opts.slot_bytes;
-            let inbox = pd.alloc_mr(bytes, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
-            let outbox = pd.alloc_mr(bytes, Access::LOCAL_WRITE)?;
-            let (lo, hi) = (rank.min(peer), rank.max(peer));
-            let port = pair_port(&opts, world, lo, hi).ok_or_else(|| {
-                bad(
-                    format!(
-                        "port base {} leaves no port for ranks {lo} and {hi}",
-                        opts.port_base
-                    ),
-                    "choose a lower port base",
-                )
-            })?;
+            let end = comm.open_end(peer, &ips)?;
+            let port = comm.pair_port(peer)?;
             let listener = if peer > rank {
                 let at = SocketAddr::new(IpAddr::V4(links[0].address), port);
-                Some(Listener::bind_addr(&device, at).map_err(connect_err)?)
+                Some(
+                    Listener::bind_addr(&end.device, at).map_err(|source| CollError::Connect {
+                        rank: peer,
+                        local: rank,
+                        source,
+                    })?,
+                )
             } else {
                 None
             };
             pending.push(Pending {
                 peer,
-                device,
-                pd,
-                cq,
-                inbox,
-                outbox,
+                end,
                 target: SocketAddr::new(IpAddr::V4(links[0].peer_address), port),
                 listener,
             });
         }
+        comm.direct_ends = crate::direct::plan_ends(hostfile, rank, &comm.cabled);
         let deadline = Instant::now() + opts.timeout;
         // Lower-ranked neighbours first (they are already accepting), then the higher ones.
         for p in pending {
-            let digest = comm.digest(&p.inbox);
-            let qp_opts = QpOptions {
-                config: link_config(&opts),
-                private_data: digest.encode(),
-                timeout: opts.timeout,
-            };
+            let (digest, qp_opts) = comm.qp_options(&p.end.inbox, opts.timeout);
             let connected = match &p.listener {
                 Some(listener) => {
                     let wait = deadline.saturating_duration_since(Instant::now());
-                    listener.accept(&p.pd, &p.cq, &p.cq, &qp_opts, Some(wait))
+                    listener.accept(&p.end.pd, &p.end.cq, &p.end.cq, &qp_opts, Some(wait))
                 }
-                None => connect_retrying(&p.pd, p.target, &p.cq, &qp_opts, deadline),
+                None => connect_retrying(&p.end.pd, p.target, &p.end.cq, &qp_opts, deadline),
             }
             .map_err(|source| CollError::Connect {
                 rank: p.peer,
                 local: rank,
                 source,
             })?;
-            let Connected {
-                qp,
-                peer_private_data,
-                ..
-            } = connected;
-            let theirs = Digest::decode(&peer_private_data, p.peer, rank)?;
-            digest.check(&theirs, p.peer)?;
-            drop(p.device);
-            comm.chans[p.peer] = Some(Channel::new(
-                p.peer,
-                qp,
-                p.cq,
-                p.inbox,
-                p.outbox,
-                theirs.inbox,
-                opts.slots,
-                opts.slot_bytes,
-            )?);
+            comm.attach(p.peer, p.end, &digest, connected)?;
         }
         Ok(comm)
+    }
+
+    /// Opens a device on the local addresses `ips` (one per rail) and registers the slots of
+    /// a connection to `peer`.
+    pub(crate) fn open_end(&self, peer: usize, ips: &[String]) -> Result<End> {
+        let names: Vec<&str> = ips.iter().map(String::as_str).collect();
+        let engine = EngineConfig {
+            engine: self.opts.engine,
+            progress: self.opts.progress,
+            ..EngineConfig::default()
+        };
+        let device =
+            Device::open_rails(&names, DeviceConfig { engine, port: 0 }).map_err(|source| {
+                CollError::Connect {
+                    rank: peer,
+                    local: self.rank,
+                    source,
+                }
+            })?;
+        let pd = device.alloc_pd();
+        let cq = device.create_cq(8 * self.opts.slots + 256);
+        let bytes = self.opts.slots * self.opts.slot_bytes;
+        let inbox = pd.alloc_mr(bytes, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+        let outbox = pd.alloc_mr(bytes, Access::LOCAL_WRITE)?;
+        Ok(End {
+            device,
+            pd,
+            cq,
+            inbox,
+            outbox,
+        })
+    }
+
+    /// The TCP port of the connection manager for this rank and `peer`:
+    /// `port_base + lo·N + hi`.
+    pub(crate) fn pair_port(&self, peer: usize) -> Result<u16> {
+        let (lo, hi) = (self.rank.min(peer), self.rank.max(peer));
+        pair_port(&self.opts, self.world, lo, hi).ok_or_else(|| {
+            bad(
+                format!(
+                    "port base {} leaves no port for ranks {lo} and {hi}",
+                    self.opts.port_base
+                ),
+                "choose a lower port base",
+            )
+        })
+    }
+
+    /// This rank's digest for a connection whose inbox is `inbox`, and the connection options
+    /// carrying it (setup bounded by `setup_timeout`).
+    pub(crate) fn qp_options(
+        &self,
+        inbox: &tbrdma_verbs::MemoryRegion,
+        setup_timeout: Duration,
+    ) -> (Digest, QpOptions) {
+        let digest = self.digest(inbox);
+        let qp_opts = QpOptions {
+            config: link_config(&self.opts),
+            private_data: digest.encode(),
+            timeout: setup_timeout,
+        };
+        (digest, qp_opts)
+    }
+
+    /// Checks the peer's digest and installs the channel to `peer`.
+    pub(crate) fn attach(
+        &mut self,
+        peer: usize,
+        end: End,
+        digest: &Digest,
+        connected: Connected,
+    ) -> Result<()> {
+        let Connected {
+            qp,
+            peer_private_data,
+            ..
+        } = connected;
+        let theirs = Digest::decode(&peer_private_data, peer, self.rank)?;
+        digest.check(&theirs, peer)?;
+        drop(end.device);
+        self.chans[peer] = Some(Channel::new(
+            peer,
+            qp,
+            end.cq,
+            end.inbox,
+            end.outbox,
+            theirs.inbox,
+            self.opts.slots,
+            self.opts.slot_bytes,
+        )?);
+        Ok(())
     }
 
     fn digest(&self, inbox: &tbrdma_verbs::MemoryRegion) -> Digest {
@@ -289,6 +356,7 @@ impl Communicator {
             slots: self.opts.slots as u32,
             one_shot_max: self.opts.one_shot_max.min(u32::MAX as usize) as u32,
             algorithm: algorithm_code(self.opts.algorithm),
+            relay: self.relay,
             inbox: inbox.remote(0),
             build: build_hash(),
         }
@@ -326,7 +394,18 @@ impl Communicator {
 
     /// Whether a cable joins this rank and `peer`.
     pub fn is_neighbour(&self, peer: usize) -> bool {
-        self.chans.get(peer).is_some_and(Option::is_some)
+        self.cabled.get(peer).copied().unwrap_or(false)
+    }
+
+    /// How messages between ranks that share no cable travel (see [`Relay`]).
+    pub fn relay(&self) -> Relay {
+        self.relay
+    }
+
+    /// Changes how messages between ranks that share no cable travel. Every rank must do the
+    /// same, before the first send/recv between ranks with no cable.
+    pub fn set_relay(&mut self, relay: Relay) {
+        self.relay = relay;
     }
 
     /// Whether every rank is a neighbour (a pair or a full mesh).
@@ -418,28 +497,47 @@ impl Communicator {
                         last_progress = Instant::now();
                     }
                 }
-                Some((peer, f)) => {
-                    let (failed, detail) = match f {
-                        Fault::Failed(detail) if peer == usize::MAX => (self.rank, detail),
-                        Fault::Failed(detail) => (peer, detail),
-                        Fault::Abort(ABORT_SELF) => {
-                            (peer, "it gave up and told its neighbours".to_string())
-                        }
-                        Fault::Abort(r) => (r as usize, format!("reported by rank {peer}")),
-                    };
-                    let err = CollError::RankFailed {
-                        rank: failed,
-                        op,
-                        detail,
-                    };
-                    let notice = if failed == self.rank {
-                        ABORT_SELF
-                    } else {
-                        failed as u32
-                    };
-                    return Err(self.fail(err, notice));
-                }
+                Some((peer, f)) => return Err(self.fault(op, peer, f)),
             }
+        }
+    }
+
+    /// Turns a channel's fault (`peer` is `usize::MAX` for this rank's own) into the error
+    /// naming the rank that failed, poisoning the communicator and telling the neighbours.
+    fn fault(&mut self, op: &'static str, peer: usize, f: Fault) -> CollError {
+        let (failed, detail) = match f {
+            Fault::Failed(detail) if peer == usize::MAX => (self.rank, detail),
+            Fault::Failed(detail) => (peer, detail),
+            Fault::Abort(ABORT_SELF) => (peer, "it gave up and told its neighbours".to_string()),
+            Fault::Abort(r) => (r as usize, format!("reported by rank {peer}")),
+        };
+        let err = CollError::RankFailed {
+            rank: failed,
+            op,
+            detail,
+        };
+        let notice = if failed == self.rank {
+            ABORT_SELF
+        } else {
+            failed as u32
+        };
+        self.fail(err, notice)
+    }
+
+    /// Polls every channel once (so the engines answer and acknowledge while this rank waits
+    /// for something else, such as a connection); a failed channel fails the communicator as
+    /// in a collective.
+    pub(crate) fn poll_all(&mut self, op: &'static str) -> Result<()> {
+        let mut fault = None;
+        for ch in self.chans.iter_mut().flatten() {
+            if let Err(f) = ch.poll() {
+                fault = Some((ch.peer, f));
+                break;
+            }
+        }
+        match fault {
+            None => Ok(()),
+            Some((peer, f)) => Err(self.fault(op, peer, f)),
         }
     }
 

@@ -34,6 +34,62 @@ impl std::str::FromStr for Algorithm {
     }
 }
 
+/// How a message between two ranks that share no cable (a ring of 4: ranks 0 and 2) travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Relay {
+    /// Over a direct connection to the peer, relayed by the kernels of the hosts in between
+    /// (IPv4 forwarding and routes, as `tbrdma lab up` and `tbrdma setup --relay` set them);
+    /// the ranks in between call nothing ([`crate::Communicator::forward`] does nothing). The
+    /// default.
+    Kernel,
+    /// Along the ring through the ranks in between, each of which calls
+    /// [`crate::Communicator::forward`]: for hosts that do not forward.
+    Ranks,
+}
+
+impl std::str::FromStr for Relay {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kernel" => Ok(Relay::Kernel),
+            "ranks" => Ok(Relay::Ranks),
+            _ => Err(format!("unknown relay {s:?} (kernel, ranks)")),
+        }
+    }
+}
+
+/// Environment variable that sets a communicator's initial [`Relay`] (`kernel` or `ranks`).
+pub const RELAY_ENV: &str = "TBRDMA_RELAY";
+
+impl Relay {
+    /// [`RELAY_ENV`], or [`Relay::Kernel`] when it is unset.
+    pub(crate) fn from_env() -> Result<Relay> {
+        match std::env::var(RELAY_ENV) {
+            Ok(v) if !v.is_empty() => v.parse().map_err(|e: String| CollError::BadConfig {
+                problem: format!("{RELAY_ENV}: {e}"),
+                fix: "set it to kernel or ranks, or unset it".into(),
+            }),
+            _ => Ok(Relay::Kernel),
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            Relay::Kernel => 0,
+            Relay::Ranks => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Relay::Kernel => "kernel",
+            Relay::Ranks => "ranks",
+        })
+    }
+}
+
 /// How to build a communicator.
 #[derive(Clone, Debug)]
 pub struct CommOptions {
@@ -86,9 +142,10 @@ impl Default for CommOptions {
 
 /// Version of the digest format and of the collectives' wire protocol (slot and immediate
 /// layout). Bump on any change that makes old and new ranks unable to work together.
-pub(crate) const PROTOCOL_VERSION: u16 = 1;
+/// Version 2 added the relay mode to the digest.
+pub(crate) const PROTOCOL_VERSION: u16 = 2;
 const MAGIC: &[u8; 4] = b"tbCO";
-const LEN: usize = 4 + 2 + 4 * 8 + 1 + 8 + 4 + 4;
+const LEN: usize = 4 + 2 + 4 * 8 + 1 + 8 + 4 + 4 + 1;
 
 /// What a rank tells each neighbour at connection time.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +160,8 @@ pub(crate) struct Digest {
     pub slots: u32,
     pub one_shot_max: u32,
     pub algorithm: u32,
+    /// How messages between ranks with no cable travel.
+    pub relay: Relay,
     /// The sender's inbox for this connection.
     pub inbox: RemoteAddr,
     /// The tbrdma version string's hash (FNV-1a-32 of `CARGO_PKG_VERSION`).
@@ -167,6 +226,7 @@ impl Digest {
         out.extend_from_slice(&self.inbox.addr.to_le_bytes());
         out.extend_from_slice(&self.inbox.rkey.to_le_bytes());
         out.extend_from_slice(&self.build.to_le_bytes());
+        out.push(self.relay.code());
         out.resize(LEN, 0);
         out
     }
@@ -180,14 +240,18 @@ impl Digest {
             theirs: what.to_string(),
             ours: format!("tbrdma collectives protocol {PROTOCOL_VERSION}"),
         };
-        if bytes.len() < LEN || &bytes[0..4] != MAGIC {
+        if bytes.len() < 6 || &bytes[0..4] != MAGIC {
             return Err(bad(
                 "something that is not a tbrdma collectives communicator",
             ));
         }
+        // The version first: another version's digest may have another length.
         let version = u16::from_le_bytes([bytes[4], bytes[5]]);
         if version != PROTOCOL_VERSION {
             return Err(bad(&format!("tbrdma collectives protocol {version}")));
+        }
+        if bytes.len() < LEN {
+            return Err(bad("a digest too short for its protocol version"));
         }
         let word = |i: usize| {
             let at = 6 + 4 * i;
@@ -198,6 +262,11 @@ impl Digest {
         let addr = u64::from_le_bytes(bytes[at + 1..at + 9].try_into().expect("8 bytes"));
         let rkey = u32::from_le_bytes(bytes[at + 9..at + 13].try_into().expect("4 bytes"));
         let build = u32::from_le_bytes(bytes[at + 13..at + 17].try_into().expect("4 bytes"));
+        let relay = match bytes[at + 17] {
+            0 => Relay::Kernel,
+            1 => Relay::Ranks,
+            _ => return Err(bad("an unknown relay code")),
+        };
         Ok(Digest {
             version,
             rank: word(0),
@@ -209,6 +278,7 @@ impl Digest {
             one_shot_max: word(6),
             algorithm: word(7),
             topology,
+            relay,
             inbox: RemoteAddr { addr, rkey },
             build,
         })
@@ -255,6 +325,13 @@ impl Digest {
                 return differ(field, t.to_string(), o.to_string());
             }
         }
+        if theirs.relay != self.relay {
+            return differ(
+                "relay (TBRDMA_RELAY)",
+                theirs.relay.to_string(),
+                self.relay.to_string(),
+            );
+        }
         if theirs.topology != self.topology {
             return differ(
                 "topology",
@@ -287,6 +364,7 @@ mod tests {
             slots: 8,
             one_shot_max: 1 << 18,
             algorithm: 0,
+            relay: Relay::Kernel,
             inbox: RemoteAddr {
                 addr: 0x1234_5678_9abc,
                 rkey: 77,
@@ -318,6 +396,18 @@ mod tests {
             err.contains("topology: it has ring, rank 0 has mesh"),
             "{err}"
         );
+        let mut theirs = digest(2);
+        theirs.relay = Relay::Ranks;
+        let err = ours.check(&theirs, 2).unwrap_err().to_string();
+        assert!(
+            err.contains("relay (TBRDMA_RELAY): it has ranks, rank 0 has kernel"),
+            "{err}"
+        );
+        let mut old = digest(2).encode();
+        old[4] = 1;
+        old.truncate(55);
+        let err = Digest::decode(&old, 2, 0).unwrap_err().to_string();
+        assert!(err.contains("protocol 1"), "{err}");
         assert!(ours.check(&digest(2), 2).is_ok());
         assert!(ours.check(&digest(1), 2).is_err());
         let err = Digest::decode(b"nope", 1, 0).unwrap_err().to_string();

@@ -35,6 +35,7 @@ mod channel;
 pub mod check;
 mod comm;
 mod config;
+mod direct;
 mod dtype;
 mod error;
 mod oneshot;
@@ -43,7 +44,7 @@ mod rendezvous;
 mod ring;
 
 pub use comm::Communicator;
-pub use config::{Algorithm, CommOptions};
+pub use config::{Algorithm, CommOptions, RELAY_ENV, Relay};
 pub use dtype::{DType, Element, ReduceOp, combine, finish_avg, reduce_ranks};
 pub use error::{CollError, Result};
 pub use half::{bf16, f16};

@@ -2,7 +2,7 @@
 //! byte-level schedules in `oneshot` and `ring`.
 
 use crate::comm::Communicator;
-use crate::config::Algorithm;
+use crate::config::{Algorithm, Relay};
 use crate::dtype::{DType, Element, ReduceOp};
 use crate::error::{CollError, Result};
 use crate::{oneshot, ring};
@@ -292,26 +292,29 @@ impl Communicator {
                 ),
             });
         }
-        let up = (dst + n - src) % n <= n / 2;
-        let mut path = vec![src];
-        let mut k = src;
-        while k != dst {
-            k = if up { (k + 1) % n } else { (k + n - 1) % n };
-            path.push(k);
-        }
-        Ok(path)
+        Ok(tbrdma_netdev::setup::relay::ring_path(n, src, dst))
     }
 
-    /// Sends `data` to `dst`. `dst` calls [`Self::recv_bytes`] with the same length; when no
-    /// cable joins the two, every rank in between calls [`Self::forward`] (see
-    /// [`Self::route`]). Messages between two ranks arrive in the order they were sent.
+    /// Sends `data` to `dst`; `dst` calls [`Self::recv_bytes`] with the same length. Messages
+    /// between two ranks arrive in the order they were sent. Where no cable joins the two (see
+    /// [`Self::route`]), with [`Relay::Kernel`] (the default) the message goes over a direct
+    /// connection that the hosts in between relay in their kernels, made by the first send/recv
+    /// between the two (which therefore waits for the peer's matching call), and the ranks in
+    /// between call nothing; with [`Relay::Ranks`] each rank in between calls
+    /// [`Self::forward`].
     pub fn send_bytes(&mut self, dst: usize, data: &[u8]) -> Result<()> {
         self.check_usable()?;
         let path = self.route(self.rank, dst)?;
+        let next = if path.len() > 2 && self.relay == Relay::Kernel {
+            self.connect_direct(dst, "send")?;
+            dst
+        } else {
+            path[1]
+        };
         let mut copy = std::mem::take(&mut self.scratch.typed);
         copy.clear();
         copy.extend_from_slice(data);
-        let result = ring::pipe(self, "send", &mut copy, None, Some(path[1]));
+        let result = ring::pipe(self, "send", &mut copy, None, Some(next));
         self.scratch.typed = copy;
         result
     }
@@ -320,11 +323,18 @@ impl Communicator {
     pub fn recv_bytes(&mut self, src: usize, out: &mut [u8]) -> Result<()> {
         self.check_usable()?;
         let path = self.route(src, self.rank)?;
-        ring::pipe(self, "recv", out, Some(path[path.len() - 2]), None)
+        let prev = if path.len() > 2 && self.relay == Relay::Kernel {
+            self.connect_direct(src, "recv")?;
+            src
+        } else {
+            path[path.len() - 2]
+        };
+        ring::pipe(self, "recv", out, Some(prev), None)
     }
 
     /// Relays a `len`-byte message from `src` to `dst` through this rank, which must be on
-    /// [`Self::route`]`(src, dst)`. Chunks are passed on as they arrive.
+    /// [`Self::route`]`(src, dst)`. Chunks are passed on as they arrive. With [`Relay::Kernel`]
+    /// (the default) the kernel relays instead, and this only checks its arguments.
     pub fn forward(&mut self, src: usize, dst: usize, len: usize) -> Result<()> {
         self.check_usable()?;
         let path = self.route(src, dst)?;
@@ -341,6 +351,9 @@ impl Communicator {
                 ),
             });
         };
+        if self.relay == Relay::Kernel {
+            return Ok(());
+        }
         let mut buf = std::mem::take(&mut self.scratch.typed);
         buf.clear();
         buf.resize(len, 0);
