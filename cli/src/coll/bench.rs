@@ -1,6 +1,7 @@
 //! nccl-tests-style sweeps: `tbrdma allreduce|allgather|reducescatter|broadcast`. Columns
 //! `size count type redop time(us) algbw(GB/s) busbw(GB/s) #wrong`, as nccl-tests prints them;
-//! time is the mean over iterations, the slowest rank's; bus bandwidth applies nccl-tests'
+//! time is the mean over iterations, the slowest rank's (the median follows each row as a
+//! comment line); bus bandwidth applies nccl-tests'
 //! factors (2(N−1)/N for all-reduce, (N−1)/N for all-gather and reduce-scatter, 1 for
 //! broadcast) so that figures compare across rank counts.
 
@@ -75,6 +76,9 @@ struct Row {
     dtype: String,
     redop: String,
     time_us: f64,
+    /// Median per call (the slowest rank's median); not an nccl-tests column: printed as a
+    /// comment line under the row, a key in JSON.
+    time_us_median: f64,
     algbw_gbs: f64,
     busbw_gbs: f64,
     wrong: u64,
@@ -170,6 +174,7 @@ fn print_row(row: &Row, json: bool) -> anyhow::Result<()> {
             row.busbw_gbs,
             row.wrong
         );
+        println!("#   median per call {:.2} us", row.time_us_median);
     }
     Ok(())
 }
@@ -203,9 +208,10 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                 let es = dtype.size();
                 let count = size / es;
                 let bytes = count * es;
-                let time = match ring.as_mut() {
+                let (time, median) = match ring.as_mut() {
                     None => match udp_floor(&addrs, port, bytes, args.iters.max(1))? {
-                        Some(t) => t,
+                        // Already half the median round trip.
+                        Some(t) => (t, t),
                         None => continue,
                     },
                     Some(ring) => {
@@ -219,20 +225,27 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                             buf.copy_from_slice(&inp);
                             ring.all_reduce(&mut buf, dtype, op)?;
                         }
-                        let (mut elapsed, mut wrong) = (0f64, 0u64);
+                        let mut wrong = 0u64;
+                        let mut per_call = Vec::with_capacity(args.iters);
                         for _ in 0..args.iters {
                             buf.copy_from_slice(&inp);
                             let start = Instant::now();
                             ring.all_reduce(&mut buf, dtype, op)?;
-                            elapsed += start.elapsed().as_secs_f64();
+                            per_call.push(start.elapsed().as_secs_f64());
                             if args.check {
                                 wrong += count_wrong(dtype, &buf, &want) as u64;
                             }
                         }
                         total_wrong += wrong;
-                        let mut slowest = (elapsed / args.iters.max(1) as f64).to_le_bytes();
+                        let (mean, median) = mean_and_median(&mut per_call);
+                        let mut slowest = [mean, median].map(f64::to_le_bytes).concat();
                         ring.all_reduce(&mut slowest, DType::F64, ReduceOp::Max)?;
-                        f64::from_le_bytes(slowest)
+                        let at = |i: usize| {
+                            f64::from_le_bytes(
+                                slowest[8 * i..8 * i + 8].try_into().expect("8 bytes"),
+                            )
+                        };
+                        (at(0), at(1))
                     }
                 };
                 if rank != 0 {
@@ -255,6 +268,7 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                     dtype: dtype.name().to_string(),
                     redop: op.name().to_string(),
                     time_us: time * 1e6,
+                    time_us_median: median * 1e6,
                     algbw_gbs: algbw,
                     busbw_gbs: algbw * factor,
                     wrong: total_wrong,
@@ -327,29 +341,25 @@ fn measure(
     }
     comm.barrier()?;
     let mut wrong = 0u64;
-    let mut elapsed = 0f64;
-    if args.check {
-        for _ in 0..args.iters {
+    let mut per_call = Vec::with_capacity(args.iters);
+    for _ in 0..args.iters {
+        if args.check {
             out.fill(0xAA);
-            let start = Instant::now();
-            once(comm, &mut out)?;
-            elapsed += start.elapsed().as_secs_f64();
+        }
+        let start = Instant::now();
+        once(comm, &mut out)?;
+        per_call.push(start.elapsed().as_secs_f64());
+        if args.check {
             wrong += count_wrong(dtype, &out, &want) as u64;
         }
-    } else {
-        let start = Instant::now();
-        for _ in 0..args.iters {
-            once(comm, &mut out)?;
-        }
-        elapsed = start.elapsed().as_secs_f64();
     }
-    let mean = elapsed / args.iters.max(1) as f64;
-    // Every rank reports the slowest rank's time and the sum of wrong elements.
-    let mut slowest = [mean];
+    let (mean, median) = mean_and_median(&mut per_call);
+    // Every rank reports the slowest rank's mean and median and the sum of wrong elements.
+    let mut slowest = [mean, median];
     comm.all_reduce_in_place(&mut slowest, ReduceOp::Max)?;
     let mut wrong_all = [wrong as i64];
     comm.all_reduce_in_place(&mut wrong_all, ReduceOp::Sum)?;
-    let time = slowest[0];
+    let [time, median] = slowest;
     let bytes = match kind {
         Kind::AllGather => count * es * world,
         _ => count * es,
@@ -374,10 +384,21 @@ fn measure(
             _ => "none".to_string(),
         },
         time_us: time * 1e6,
+        time_us_median: median * 1e6,
         algbw_gbs: algbw,
         busbw_gbs: algbw * factor,
         wrong: wrong_all[0] as u64,
     })
+}
+
+/// Mean and median of per-call times (sorts them).
+fn mean_and_median(per_call: &mut [f64]) -> (f64, f64) {
+    if per_call.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mean = per_call.iter().sum::<f64>() / per_call.len() as f64;
+    per_call.sort_by(f64::total_cmp);
+    (mean, per_call[per_call.len() / 2])
 }
 
 /// Runs a sweep as a command: fails when any element was wrong.

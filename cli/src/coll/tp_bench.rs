@@ -59,7 +59,11 @@ pub fn run(args: TpBenchArgs) -> anyhow::Result<()> {
     let mut slowest = [mean];
     comm.all_reduce_in_place(&mut slowest, ReduceOp::Max)?;
     per_call.sort_by(f64::total_cmp);
-    let median = per_call.get(per_call.len() / 2).copied().unwrap_or(0.0);
+    let quantile = |q: f64| {
+        let at = ((per_call.len() as f64 * q) as usize).min(per_call.len().saturating_sub(1));
+        per_call.get(at).copied().unwrap_or(0.0)
+    };
+    let (median, p99) = (quantile(0.5), quantile(0.99));
     let comm_per_token = slowest[0] * per_token as f64;
     let ceiling = if comm_per_token > 0.0 {
         1.0 / comm_per_token
@@ -84,6 +88,7 @@ pub fn run(args: TpBenchArgs) -> anyhow::Result<()> {
                 "algorithm": format!("{algorithm:?}"),
                 "allreduce_us_mean": slowest[0] * 1e6,
                 "allreduce_us_median": median * 1e6,
+                "allreduce_us_p99": p99 * 1e6,
                 "comm_ms_per_token": comm_per_token * 1e3,
                 "tokens_per_s_ceiling": ceiling,
             })
@@ -101,9 +106,10 @@ pub fn run(args: TpBenchArgs) -> anyhow::Result<()> {
             algorithm
         );
         println!(
-            "all-reduce: {:.1} us mean (slowest rank), {:.1} us median (rank 0)",
+            "all-reduce: {:.1} us mean (slowest rank), {:.1} us median, {:.1} us p99 (rank 0)",
             slowest[0] * 1e6,
-            median * 1e6
+            median * 1e6,
+            p99 * 1e6
         );
         println!(
             "communication per token: {:.3} ms -> at most {:.1} tokens/s from communication alone",

@@ -5,12 +5,13 @@
 //! core places data into ([`memory`]), the kernel feature probe ([`probe`]) and the progress
 //! loop that drives connections ([`worker`]). It makes no protocol decision of its own.
 //!
-//! `unsafe` lives only in `io/sockets.rs`, `io/uring.rs`, `memory.rs` and `socket.rs`, each of
+//! `unsafe` lives only in `io/sockets.rs`, `io/uring.rs`, `memory.rs`, `sched.rs` and `socket.rs`, each of
 //! which says so at the top.
 
 pub mod cq;
 pub mod io;
 pub mod memory;
 pub mod probe;
+pub mod sched;
 pub mod socket;
 pub mod worker;

@@ -11,9 +11,10 @@
 //!   NCCL's proxy thread and 2-core machines want: one spinning thread per process.
 //!
 //! In caller mode a small *keeper* thread stands in for an application that has stopped
-//! calling: when nobody entered the engine for a whole [`KEEPER_PERIOD`] it sends the
-//! acknowledgements still held (below), so that the peer's requests complete. It sleeps
-//! between checks, never receives and never competes with an application that keeps polling.
+//! calling: when nobody entered the engine for [`KEEPER_HOLD`] it sends the acknowledgements
+//! still held (below), so that the peer's requests complete. It sleeps until a hold could have
+//! lasted that long, never receives, and runs in `SCHED_BATCH` so that waking up never
+//! preempts an application that keeps polling.
 //!
 //! Acknowledgement hold (caller mode, [`EngineConfig::hold_acks`]): the ACK of a message whose
 //! completion was just delivered is not sent in that same call; the application's next poll
@@ -107,9 +108,12 @@ pub struct EngineConfig {
 pub const DEFAULT_GATHER_THRESHOLD: Option<usize> = Some(1024);
 
 /// Caller mode: the keeper sends held acknowledgements when the application has not entered
-/// the engine for this long (at most twice this passes before a held ACK goes out: well inside
-/// the peer's smallest retransmission timeout of 1 ms).
-pub const KEEPER_PERIOD: Duration = Duration::from_micros(250);
+/// the engine for this long (well inside the peer's smallest retransmission timeout of 1 ms).
+/// While the application keeps calling, the keeper wakes once per this period: 500 µs rather
+/// than 250 µs because each wake-up of a third thread on a 2-core machine running two
+/// busy-polling ranks lands in some call's critical path (measured: p99 of a 16 KiB all-reduce
+/// 40-50 µs with 250 µs, the median 10 µs; docs/performance.md).
+pub const KEEPER_HOLD: Duration = Duration::from_micros(500);
 /// After this long with no application call the keeper checks less often.
 const KEEPER_FAST_FOR: Duration = Duration::from_millis(100);
 /// The keeper's period once the application is idle.
@@ -457,9 +461,9 @@ struct Shared {
     sleeping: AtomicBool,
     stop: AtomicBool,
     epoch: Instant,
-    /// Caller mode: the application's calls into the loop, counted so the keeper can tell
-    /// whether the application is still polling.
-    entries: AtomicU64,
+    /// Caller mode: when the application last entered the loop (nanoseconds of [`Shared::now`]),
+    /// so the keeper can tell whether it is still polling.
+    last_entry: AtomicU64,
 }
 
 impl Shared {
@@ -612,7 +616,7 @@ impl Engine {
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             epoch: Instant::now(),
-            entries: AtomicU64::new(0),
+            last_entry: AtomicU64::new(0),
         });
         let (kind, fallback, worker) = match config.progress {
             Progress::Caller => {
@@ -773,7 +777,9 @@ impl Engine {
         if self.config.progress == Progress::Thread {
             return Ok(false);
         }
-        self.shared.entries.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .last_entry
+            .store(self.shared.now().0, Ordering::Relaxed);
         self.shared.progress_caller()
     }
 
@@ -859,25 +865,28 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
 
 /// Caller mode: stands in for an application that stopped calling (see the module docs).
 fn keeper_thread(shared: Arc<Shared>) {
-    let mut seen = shared.entries.load(Ordering::Relaxed);
-    let mut last_entry = Instant::now();
+    if let Err(e) = crate::sched::set_batch_scheduling() {
+        tracing::debug!("keeper stays in the default scheduling class: {e}");
+    }
+    let hold = KEEPER_HOLD.as_nanos() as u64;
     while !shared.stop.load(Ordering::Relaxed) {
-        let period = if last_entry.elapsed() < KEEPER_FAST_FOR {
-            KEEPER_PERIOD
-        } else {
-            KEEPER_IDLE_PERIOD
-        };
-        std::thread::park_timeout(period);
-        let entries = shared.entries.load(Ordering::Relaxed);
-        if entries != seen {
-            // The application is polling: the loop is in its hands.
-            seen = entries;
-            last_entry = Instant::now();
+        let now = shared.now().0;
+        let away = now.saturating_sub(shared.last_entry.load(Ordering::Relaxed));
+        if away < hold {
+            // The application is polling: the loop is in its hands. Come back when a hold it
+            // leaves now could have lasted `KEEPER_HOLD`.
+            std::thread::park_timeout(Duration::from_nanos(hold - away));
             continue;
         }
         if let Err(e) = shared.flush_held_acks() {
             tracing::error!("engine I/O failed: {e}");
         }
+        let away = Duration::from_nanos(away);
+        std::thread::park_timeout(if away < KEEPER_FAST_FOR {
+            KEEPER_HOLD
+        } else {
+            KEEPER_IDLE_PERIOD
+        });
     }
 }
 
