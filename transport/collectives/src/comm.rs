@@ -31,8 +31,6 @@ pub(crate) struct Scratch {
     pub work: Vec<u8>,
     /// The reduction's accumulators.
     pub fold: FoldScratch,
-    /// One received chunk (ring steps).
-    pub staging: Vec<u8>,
     /// A typed call's bytes, or a non-root's reduce output.
     pub typed: Vec<u8>,
 }

@@ -436,6 +436,12 @@ pub fn combine(dtype: DType, op: ReduceOp, acc: &mut [u8], x: &[u8]) {
     dispatch!(dtype, combine_lane, op, Form::Right, acc, x)
 }
 
+/// `out = a op b`, element-wise, in one pass (as [`combine`] on a copy of `a`, without the copy).
+pub(crate) fn combine_into(dtype: DType, op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) {
+    debug_assert!(out.len() == a.len() && a.len() == b.len());
+    dispatch!(dtype, combine3_lane, op, out, a, b)
+}
+
 /// Divides every element by `world` (the last step of avg).
 pub fn finish_avg(dtype: DType, buf: &mut [u8], world: usize) {
     dispatch!(dtype, divide_lane, buf, world)

@@ -102,9 +102,6 @@ impl Communicator {
         }
         match self.choose_algorithm(out.len())? {
             Algorithm::Ring => {
-                if let Some(input) = input {
-                    out.copy_from_slice(input);
-                }
                 let plan = ring::Plan {
                     segments: ring::split(out.len() / dtype.size(), self.world, dtype.size()),
                     shift: 0,
@@ -112,7 +109,7 @@ impl Communicator {
                     dtype,
                     op,
                 };
-                ring::run(self, out, &plan)
+                ring::run(self, out, input, &plan)
             }
             _ => oneshot::all_reduce(self, input, out, dtype, op),
         }
@@ -153,9 +150,9 @@ impl Communicator {
                 problem: "needs rank k cabled to k±1".into(),
             });
         }
+        // The working buffer's contents do not matter: the ring reads `input` where it is.
         let mut work = std::mem::take(&mut self.scratch.work);
-        work.clear();
-        work.extend_from_slice(input);
+        work.resize(input.len(), 0);
         let plan = ring::Plan {
             segments: ring::split(input.len() / es, self.world, es),
             shift: self.world - 1,
@@ -163,7 +160,7 @@ impl Communicator {
             dtype,
             op,
         };
-        let result = ring::run(self, &mut work, &plan);
+        let result = ring::run(self, &mut work, Some(input), &plan);
         output.copy_from_slice(&work[mine]);
         self.scratch.work = work;
         result
@@ -200,7 +197,7 @@ impl Communicator {
             dtype: DType::U8,
             op: ReduceOp::Sum,
         };
-        ring::run(self, output, &plan)
+        ring::run(self, output, None, &plan)
     }
 
     /// Broadcast: `buf` on `root` is copied into `buf` on every rank.

@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use crate::channel::channel_to;
 use crate::comm::{Communicator, Step};
-use crate::dtype::{DType, ReduceOp, combine, finish_avg};
+use crate::dtype::{DType, ReduceOp, combine, combine_into, finish_avg};
 use crate::error::Result;
 
 /// Which part of the ring to run.
@@ -51,9 +51,21 @@ pub(crate) fn split(count: usize, world: usize, esize: usize) -> Vec<Range<usize
         .collect()
 }
 
-pub(crate) fn run(comm: &mut Communicator, work: &mut [u8], plan: &Plan) -> Result<()> {
+/// Runs `plan` over `work`. Out of place, `input` is this rank's input and `work` (the output)
+/// need not hold anything yet: step 0 sends from `input` and the reduce-scatter writes
+/// `input op received` into `work`, so nothing is copied first and the bits are those of the
+/// in-place run.
+pub(crate) fn run(
+    comm: &mut Communicator,
+    work: &mut [u8],
+    input: Option<&[u8]>,
+    plan: &Plan,
+) -> Result<()> {
     let (r, n) = (comm.rank, comm.world);
     if n == 1 {
+        if let Some(input) = input {
+            work.copy_from_slice(input);
+        }
         return Ok(());
     }
     let esize = plan.dtype.size();
@@ -91,7 +103,7 @@ pub(crate) fn run(comm: &mut Communicator, work: &mut [u8], plan: &Plan) -> Resu
     };
     let finishes_avg = plan.op == ReduceOp::Avg && plan.phases != Phases::AllGather;
     let (mut sent, mut recvd) = (begin, begin);
-    comm.drive(op_name(plan.phases), |chans, scratch| {
+    comm.drive(op_name(plan.phases), |chans, _| {
         let mut progressed = false;
         {
             let ch = channel_to(chans, prev)?;
@@ -99,11 +111,23 @@ pub(crate) fn run(comm: &mut Communicator, work: &mut [u8], plan: &Plan) -> Resu
                 let (s, j) = (recvd / m, recvd % m);
                 let range = chunk_of(recv_label(s), j);
                 if s < n - 1 {
-                    let tmp = &mut scratch.staging;
-                    tmp.resize(range.len(), 0);
-                    ch.consume(tmp)?;
+                    // Reduced straight out of the inbox slot (no copy out first); out of place,
+                    // this rank's input is read where the caller holds it.
+                    ch.expect_oldest(range.len())?;
+                    let (dtype, op) = (plan.dtype, plan.op);
+                    match input {
+                        Some(input) => {
+                            let mine = &input[range.clone()];
+                            let acc = &mut work[range.clone()];
+                            ch.view_oldest(&mut |x| combine_into(dtype, op, acc, mine, x));
+                        }
+                        None => {
+                            let acc = &mut work[range.clone()];
+                            ch.view_oldest(&mut |x| combine(dtype, op, acc, x));
+                        }
+                    }
+                    ch.release_oldest()?;
                     let acc = &mut work[range];
-                    combine(plan.dtype, plan.op, acc, tmp);
                     if finishes_avg && s == n - 2 {
                         finish_avg(plan.dtype, acc, n);
                     }
@@ -119,7 +143,12 @@ pub(crate) fn run(comm: &mut Communicator, work: &mut [u8], plan: &Plan) -> Resu
             // A chunk can leave once the step before has reduced (or received) it.
             while sent < end && (sent < begin + m || recvd + m > sent) && ch.can_send() {
                 let (s, j) = (sent / m, sent % m);
-                ch.send(&work[chunk_of(send_label(s), j)])?;
+                let range = chunk_of(send_label(s), j);
+                // Step 0 sends this rank's own, unreduced input.
+                ch.send(match input {
+                    Some(input) if s == 0 => &input[range],
+                    _ => &work[range],
+                })?;
                 sent += 1;
                 progressed = true;
             }
