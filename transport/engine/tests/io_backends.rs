@@ -446,3 +446,55 @@ fn uring_dropped_on_another_thread() {
     // Datagrams to the closed socket go nowhere.
     let _ = tx.send_to(b"after", to);
 }
+
+/// Caller progress shares the ring between threads (no single issuer). With `COOP_TASKRUN` a
+/// receive's completion runs as task work of the thread that armed it, which a sleeping thread
+/// is woken for but a thread computing in user space runs only at its next kernel entry (a
+/// timer tick away). So a backend opened on one thread and polled on another moves its receive
+/// to the poller (once), and receives there; dropping it afterwards on the opening thread,
+/// while the poller is alive and idle, must not hang either.
+#[test]
+fn a_uring_ring_opened_on_one_thread_receives_when_polled_on_another() {
+    if !uring_usable() {
+        return;
+    }
+    let ip = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let (tx_socket, rx_socket) = (socket_at(ip), socket_at(ip));
+    let to = rx_socket.local_addr().unwrap();
+    // Opened (and the receive armed) here, on the test's thread.
+    let rx = UringIo::new(rx_socket, MAX_DATAGRAM, false).expect("io_uring backend");
+    println!("setup: {:?}", rx.setup().flags);
+    let (back_tx, back_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let poller = std::thread::spawn(move || {
+        let mut rx = rx;
+        // Let the opener block first.
+        std::thread::sleep(Duration::from_millis(200));
+        tx_socket.send_to(b"hello", to).unwrap();
+        let deadline = Instant::now() + HANG_GUARD;
+        let mut got = Vec::new();
+        while got.is_empty() {
+            rx.recv(&mut |data, _| got.extend_from_slice(data)).unwrap();
+            assert!(
+                Instant::now() < deadline,
+                "the poller never saw the datagram"
+            );
+        }
+        assert_eq!(got, b"hello");
+        back_tx.send(rx).unwrap();
+        // Stay alive and idle while the opener drops the backend.
+        let _ = done_rx.recv();
+    });
+    // This thread blocks (never enters io_uring) until the poller has its datagram.
+    let rx = back_rx.recv().expect("the poller hands the backend back");
+    if rx.setup().flags.contains("COOP_TASKRUN") {
+        assert_eq!(
+            rx.receive_takeovers(),
+            1,
+            "the poller took the receive over"
+        );
+    }
+    drop(rx);
+    done_tx.send(()).unwrap();
+    poller.join().unwrap();
+}

@@ -5,8 +5,9 @@
 //! Kernel requirements: multishot `recvmsg` (Linux 6.0) and provided-buffer rings (5.19) are
 //! needed, [`UringIo::new`] fails otherwise and [`super::open`] falls back to sockets. Used when
 //! present: `SINGLE_ISSUER` (6.0) + `DEFER_TASKRUN` (6.1) when the caller promises one thread,
-//! else `COOP_TASKRUN` (5.19) as a fallback for that promise; `SENDMSG_ZC` (6.1); NAPI
-//! busy-poll registration (6.9).
+//! else `COOP_TASKRUN` (5.19) + `TASKRUN_FLAG`, also for rings several threads share (caller
+//! progress), whose multishot receive then follows the polling thread; `SENDMSG_ZC` (6.1);
+//! NAPI busy-poll registration (6.9).
 //!
 //! Completions of every kind share one completion queue, so whichever call reaps them sorts
 //! them: receive completions are queued until [`DatagramIo::recv`] hands them out, send
@@ -159,15 +160,27 @@ const SETUP_SINGLE: &[SetupAttempt] = &[
     },
 ];
 
-// Several threads may call in without the single-issuer promise. COOP_TASKRUN would run a
-// completion's task work only when the submitting thread next enters the kernel, which may be
-// never if another thread does the reaping, so it is used only with the promise.
-const SETUP_SHARED: &[SetupAttempt] = &[SetupAttempt {
-    name: "(none)",
-    single_issuer: false,
-    defer_taskrun: false,
-    coop_taskrun: false,
-}];
+// Several threads may call in without the single-issuer promise (caller progress: the
+// application's pollers and the keeper). COOP_TASKRUN still pays there: without it every
+// multishot-receive completion is delivered with an inter-processor interrupt (3.4× the UDP
+// floor at 8 B against 1.7× with it, docs/performance.md). Its catch: a completion's task work
+// runs when the thread that submitted the request next enters the kernel (a sleeping one is
+// woken, one computing in user space is not), so `recv` re-arms the multishot receive from
+// whichever thread polls (see `UringIo::rx_owner`).
+const SETUP_SHARED: &[SetupAttempt] = &[
+    SetupAttempt {
+        name: "COOP_TASKRUN",
+        single_issuer: false,
+        defer_taskrun: false,
+        coop_taskrun: true,
+    },
+    SetupAttempt {
+        name: "(none)",
+        single_issuer: false,
+        defer_taskrun: false,
+        coop_taskrun: false,
+    },
+];
 
 /// Builds a ring, dropping setup flags the kernel refuses (EINVAL) one combination at a time.
 fn build_ring(
@@ -530,6 +543,18 @@ pub struct UringIo {
     /// Header of the multishot receive: only its name and control lengths are read.
     rx_hdr: Box<MsgHdr>,
     rx_armed: bool,
+    /// Generation of the multishot receive armed last (its `user_data` index): the end of an
+    /// earlier one, cancelled when another thread took over, does not disarm it.
+    rx_gen: u64,
+    /// With `COOP_TASKRUN` and no single issuer: the thread that armed the receive, whose
+    /// kernel entries run its completions (a sleeping owner is woken for them, but one
+    /// computing in user space runs them only at its next kernel entry, up to a timer tick
+    /// later). `recv` from another thread re-arms it there, so a device opened on one thread
+    /// and polled on another (NCCL's init and proxy threads) never waits on the first.
+    rx_owner: Option<std::thread::ThreadId>,
+    /// Whether completions wait for their submitting thread (`COOP_TASKRUN` without
+    /// `SINGLE_ISSUER`), which is when `rx_owner` matters.
+    coop_shared: bool,
     rx_ready: VecDeque<RxDone>,
     rx_error: Option<io::Error>,
     /// The descriptor a wake-up poll is armed on, if any.
@@ -540,6 +565,8 @@ pub struct UringIo {
     peer: Option<SocketAddr>,
     /// Times the multishot receive was armed.
     rx_arms: u64,
+    /// Times another thread took the multishot receive over (see `rx_owner`).
+    rx_takeovers: u64,
     setup: UringSetup,
 }
 
@@ -637,12 +664,17 @@ impl UringIo {
         let mut rx_hdr = Box::new(MsgHdr(zeroed_msghdr()));
         rx_hdr.0.msg_namelen = RX_NAME_LEN as libc::socklen_t;
         let rx_buffers = (usize::from(rx.count), rx.size);
+        // The flags are named by the attempt that succeeded (see `SETUP_SINGLE`/`SETUP_SHARED`).
+        let coop_shared = flags.contains("COOP_TASKRUN") && !flags.contains("SINGLE_ISSUER");
         let mut io = UringIo {
             ring,
             socket,
             rx,
             rx_hdr,
             rx_armed: false,
+            rx_gen: 0,
+            rx_owner: None,
+            coop_shared,
             rx_ready: VecDeque::new(),
             rx_error: None,
             wake_armed: None,
@@ -650,6 +682,7 @@ impl UringIo {
             send_drops: 0,
             peer: None,
             rx_arms: 0,
+            rx_takeovers: 0,
             setup: UringSetup {
                 flags,
                 refused,
@@ -686,7 +719,15 @@ impl UringIo {
     /// How many times the multishot receive ended (buffers ran out, an error) and was armed
     /// again. Often means the buffer ring is too small for the traffic between `recv` calls.
     pub fn receive_rearms(&self) -> u64 {
-        self.rx_arms.saturating_sub(1)
+        self.rx_arms
+            .saturating_sub(1)
+            .saturating_sub(self.rx_takeovers)
+    }
+
+    /// How many times a thread other than the one that armed the multishot receive polled and
+    /// moved it to itself (caller progress with `COOP_TASKRUN`).
+    pub fn receive_takeovers(&self) -> u64 {
+        self.rx_takeovers
     }
 
     /// Pushes one SQE, submitting first when the queue is full.
@@ -734,14 +775,32 @@ impl UringIo {
     }
 
     fn arm_recv(&mut self) -> io::Result<()> {
+        let generation = self.rx_gen.wrapping_add(1) & INDEX_MASK;
         let entry =
             opcode::RecvMsgMulti::new(Fd(self.socket.as_raw_fd()), &self.rx_hdr.0, RX_GROUP)
                 .build()
-                .user_data(user_data(TAG_RECV, 0));
+                .user_data(user_data(TAG_RECV, generation));
         self.push(&entry)?;
+        self.rx_gen = generation;
         self.rx_armed = true;
+        if self.coop_shared {
+            self.rx_owner = Some(std::thread::current().id());
+        }
         self.rx_arms += 1;
         Ok(())
+    }
+
+    /// Moves the multishot receive to the calling thread: cancels the one another thread armed
+    /// (its completions wait for that thread to enter the kernel) and arms a new one here. A
+    /// datagram the old one still delivers later is handed out like any other.
+    fn take_over_recv(&mut self) -> io::Result<()> {
+        let cancel = opcode::AsyncCancel::new(user_data(TAG_RECV, self.rx_gen))
+            .build()
+            .user_data(user_data(TAG_CANCEL, 0));
+        self.push(&cancel)?;
+        self.arm_recv()?;
+        self.rx_takeovers += 1;
+        self.submit()
     }
 
     /// Sorts every available completion.
@@ -772,7 +831,9 @@ impl UringIo {
         let index = data & INDEX_MASK;
         match data >> TAG_SHIFT {
             TAG_RECV => {
-                if !cqueue::more(flags) {
+                // Datagrams are delivered whichever generation received them; only the end of
+                // the current one needs a new arm.
+                if !cqueue::more(flags) && index == self.rx_gen {
                     self.rx_armed = false;
                 }
                 if let Some(bid) = cqueue::buffer_select(flags) {
@@ -918,6 +979,9 @@ impl DatagramIo for UringIo {
     }
 
     fn recv(&mut self, deliver: &mut dyn FnMut(&[u8], SocketAddr)) -> io::Result<usize> {
+        if self.coop_shared && self.rx_armed && self.rx_owner != Some(std::thread::current().id()) {
+            self.take_over_recv()?;
+        }
         let mut total = 0;
         for _ in 0..RECV_ROUNDS {
             if !self.rx_armed {
