@@ -517,6 +517,10 @@ pub(crate) fn fold_ranks(
     }
     let (local, input) = fold.local.unwrap_or((usize::MAX, None));
     match dtype {
+        // Two ranks: `round(f32(x0) op f32(x1))` is what the 16-bit lanes compute directly, one
+        // rounding as in the f32 accumulator, so skip the accumulator's three passes (avg would
+        // round twice that way: it keeps the accumulator).
+        DType::F16 | DType::Bf16 if world == 2 && op != ReduceOp::Avg => {}
         DType::F16 | DType::Bf16 => {
             let wide = &mut scratch.wide;
             for p in 0..world {
@@ -755,20 +759,28 @@ mod tests {
                     }
                 },
             ),
-            DType::Bf16 => {
+            DType::Bf16 | DType::F16 => {
                 // Widen every input, reduce in f32, round once.
+                let widen = |b: &[u8]| -> f32 {
+                    let bits = u16::from_le_bytes([b[0], b[1]]);
+                    if dtype == DType::Bf16 {
+                        bf16::from_bits(bits).to_f32()
+                    } else {
+                        f16::from_bits(bits).to_f32()
+                    }
+                };
                 let wide: Vec<Vec<u8>> = inputs
                     .iter()
-                    .map(|b| {
-                        let mut v = vec![bf16::ZERO; b.len() / 2];
-                        bf16::from_bytes(b, &mut v);
-                        bytes(&v.iter().map(|h| h.to_f32()).collect::<Vec<f32>>())
-                    })
+                    .map(|b| bytes(&b.chunks_exact(2).map(widen).collect::<Vec<f32>>()))
                     .collect();
                 let sum = reference(DType::F32, op, &wide);
                 let mut f = vec![0f32; sum.len() / 4];
                 f32::from_bytes(&sum, &mut f);
-                bytes(&f.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<bf16>>())
+                if dtype == DType::Bf16 {
+                    bytes(&f.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<bf16>>())
+                } else {
+                    bytes(&f.iter().map(|&v| f16::from_f32(v)).collect::<Vec<f16>>())
+                }
             }
             _ => unreachable!("not used by the test"),
         }
@@ -784,7 +796,7 @@ mod tests {
             seed
         };
         let mut scratch = FoldScratch::default();
-        for dtype in [DType::F32, DType::I32, DType::Bf16] {
+        for dtype in [DType::F32, DType::I32, DType::Bf16, DType::F16] {
             for world in 1..=4 {
                 // Magnitudes from 1e-3 to 1e5 so a sum in another order gives other bits.
                 let inputs: Vec<Vec<u8>> = (0..world)
@@ -799,6 +811,9 @@ mod tests {
                             DType::F32 => bytes(&vals),
                             DType::I32 => {
                                 bytes(&vals.iter().map(|&v| v as i32).collect::<Vec<_>>())
+                            }
+                            DType::F16 => {
+                                bytes(&vals.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>())
                             }
                             _ => {
                                 bytes(&vals.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>())
