@@ -133,6 +133,22 @@ struct SetupAttempt {
     coop_taskrun: bool,
 }
 
+/// The cooperative task-run setup, without the single-issuer promise.
+const COOP: SetupAttempt = SetupAttempt {
+    name: "COOP_TASKRUN",
+    single_issuer: false,
+    defer_taskrun: false,
+    coop_taskrun: true,
+};
+
+/// No task-run flag at all: completions interrupt the thread that will run them.
+const PLAIN: SetupAttempt = SetupAttempt {
+    name: "(none)",
+    single_issuer: false,
+    defer_taskrun: false,
+    coop_taskrun: false,
+};
+
 const SETUP_SINGLE: &[SetupAttempt] = &[
     SetupAttempt {
         name: "SINGLE_ISSUER|DEFER_TASKRUN",
@@ -146,18 +162,8 @@ const SETUP_SINGLE: &[SetupAttempt] = &[
         defer_taskrun: false,
         coop_taskrun: true,
     },
-    SetupAttempt {
-        name: "COOP_TASKRUN",
-        single_issuer: false,
-        defer_taskrun: false,
-        coop_taskrun: true,
-    },
-    SetupAttempt {
-        name: "(none)",
-        single_issuer: false,
-        defer_taskrun: false,
-        coop_taskrun: false,
-    },
+    COOP,
+    PLAIN,
 ];
 
 // Several threads may call in without the single-issuer promise (caller progress: the
@@ -167,20 +173,7 @@ const SETUP_SINGLE: &[SetupAttempt] = &[
 // runs when the thread that submitted the request next enters the kernel (a sleeping one is
 // woken, one computing in user space is not), so `recv` re-arms the multishot receive from
 // whichever thread polls (see `UringIo::rx_owner`).
-const SETUP_SHARED: &[SetupAttempt] = &[
-    SetupAttempt {
-        name: "COOP_TASKRUN",
-        single_issuer: false,
-        defer_taskrun: false,
-        coop_taskrun: true,
-    },
-    SetupAttempt {
-        name: "(none)",
-        single_issuer: false,
-        defer_taskrun: false,
-        coop_taskrun: false,
-    },
-];
+const SETUP_SHARED: &[SetupAttempt] = &[COOP, PLAIN];
 
 /// Builds a ring, dropping setup flags the kernel refuses (EINVAL) one combination at a time.
 fn build_ring(
