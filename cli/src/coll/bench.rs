@@ -237,7 +237,8 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                             }
                         }
                         total_wrong += wrong;
-                        let (mean, median) = mean_and_median(&mut per_call);
+                        let times = super::CallTimes::new(per_call);
+                        let (mean, median) = (times.mean, times.quantile(0.5));
                         let mut slowest = [mean, median].map(f64::to_le_bytes).concat();
                         ring.all_reduce(&mut slowest, DType::F64, ReduceOp::Max)?;
                         let at = |i: usize| {
@@ -353,7 +354,8 @@ fn measure(
             wrong += count_wrong(dtype, &out, &want) as u64;
         }
     }
-    let (mean, median) = mean_and_median(&mut per_call);
+    let times = super::CallTimes::new(per_call);
+    let (mean, median) = (times.mean, times.quantile(0.5));
     // Every rank reports the slowest rank's mean and median and the sum of wrong elements.
     let mut slowest = [mean, median];
     comm.all_reduce_in_place(&mut slowest, ReduceOp::Max)?;
@@ -389,16 +391,6 @@ fn measure(
         busbw_gbs: algbw * factor,
         wrong: wrong_all[0] as u64,
     })
-}
-
-/// Mean and median of per-call times (sorts them).
-fn mean_and_median(per_call: &mut [f64]) -> (f64, f64) {
-    if per_call.is_empty() {
-        return (0.0, 0.0);
-    }
-    let mean = per_call.iter().sum::<f64>() / per_call.len() as f64;
-    per_call.sort_by(f64::total_cmp);
-    (mean, per_call[per_call.len() / 2])
 }
 
 /// Runs a sweep as a command: fails when any element was wrong.

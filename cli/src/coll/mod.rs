@@ -14,6 +14,30 @@ use anyhow::{Context, anyhow};
 use clap::Args;
 use tbrdma_collectives::{Algorithm, CommOptions, Communicator, EngineKind, Progress};
 
+/// Per-call times of one rank: the mean and the times at given quantiles.
+pub(crate) struct CallTimes {
+    pub mean: f64,
+    sorted: Vec<f64>,
+}
+
+impl CallTimes {
+    /// Summarises `per_call` (seconds).
+    pub(crate) fn new(mut per_call: Vec<f64>) -> CallTimes {
+        let mean = per_call.iter().sum::<f64>() / per_call.len().max(1) as f64;
+        per_call.sort_by(f64::total_cmp);
+        CallTimes {
+            mean,
+            sorted: per_call,
+        }
+    }
+
+    /// The time below which a fraction `q` of the calls fall (0 when there were none).
+    pub(crate) fn quantile(&self, q: f64) -> f64 {
+        let at = ((self.sorted.len() as f64 * q) as usize).min(self.sorted.len().saturating_sub(1));
+        self.sorted.get(at).copied().unwrap_or(0.0)
+    }
+}
+
 /// How to build the communicator.
 #[derive(Debug, Args, Clone)]
 pub struct CommArgs {

@@ -55,15 +55,10 @@ pub fn run(args: TpBenchArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let mean = per_call.iter().sum::<f64>() / per_call.len().max(1) as f64;
-    let mut slowest = [mean];
+    let times = super::CallTimes::new(per_call);
+    let mut slowest = [times.mean];
     comm.all_reduce_in_place(&mut slowest, ReduceOp::Max)?;
-    per_call.sort_by(f64::total_cmp);
-    let quantile = |q: f64| {
-        let at = ((per_call.len() as f64 * q) as usize).min(per_call.len().saturating_sub(1));
-        per_call.get(at).copied().unwrap_or(0.0)
-    };
-    let (median, p99) = (quantile(0.5), quantile(0.99));
+    let (median, p99) = (times.quantile(0.5), times.quantile(0.99));
     let comm_per_token = slowest[0] * per_token as f64;
     let ceiling = if comm_per_token > 0.0 {
         1.0 / comm_per_token

@@ -488,6 +488,9 @@ impl Shared {
     /// "next call" they were waiting for).
     fn progress_caller(&self) -> io::Result<bool> {
         self.with_rails(|state, rails, now| {
+            // The keeper reads this to tell whether the application is still polling. (When
+            // another thread holds the rails, that thread's call records the time instead.)
+            self.last_entry.store(now.0, Ordering::Relaxed);
             state.release_held_acks();
             state.run_once(rails, now)
         })
@@ -777,9 +780,6 @@ impl Engine {
         if self.config.progress == Progress::Thread {
             return Ok(false);
         }
-        self.shared
-            .last_entry
-            .store(self.shared.now().0, Ordering::Relaxed);
         self.shared.progress_caller()
     }
 
