@@ -32,6 +32,9 @@ pub struct SocketIo {
     /// Datagrams the last receive call returned (0: the socket was empty), which sizes the
     /// next call (see `recv`).
     last_batch: usize,
+    /// Whether a datagram went out since the last receive call returned any: the next one
+    /// received is then most likely the answer, alone (see `recv`).
+    sent_since_recv: bool,
     /// The address the socket is connected to, if any.
     peer: Option<SocketAddr>,
     send_drops: u64,
@@ -110,6 +113,7 @@ impl SocketIo {
             socket,
             rx: RxHeaders::new(max_datagram),
             last_batch: 0,
+            sent_since_recv: false,
             peer: None,
             send_drops: 0,
         })
@@ -185,6 +189,7 @@ impl DatagramIo for SocketIo {
     }
 
     fn send(&mut self, batch: &mut TxBatch) -> io::Result<()> {
+        self.sent_since_recv |= !batch.is_empty();
         let fd = self.socket.as_raw_fd();
         let mut start = 0;
         while start < batch.len() {
@@ -307,8 +312,12 @@ impl DatagramIo for SocketIo {
             // before returning: an extra pass on the critical path of every ping-pong. So the
             // first call after an empty poll asks for one datagram, with plain recvfrom (which
             // also spares the kernel copying in a message header), and hands it over at once;
-            // the next asks for a full batch (in a stream it finds them).
-            let single = self.last_batch == 0;
+            // the next asks for a full batch (in a stream it finds them). So does the first
+            // call after a send when the last one found a lone datagram: that is an exchange
+            // (a ping-pong, or a collective whose ranks send to each other and then wait),
+            // whose answer may already be queued before the poll that takes it, and recvmmsg
+            // measured 0.7 µs slower than recvfrom there for a 16 KiB datagram.
+            let single = self.last_batch == 0 || (self.last_batch == 1 && self.sent_since_recv);
             let got = if single {
                 let buf = &mut rx.bufs[0];
                 let mut name_len = NAME_LEN;
@@ -382,6 +391,7 @@ impl DatagramIo for SocketIo {
             }
             total += got;
             self.last_batch = got;
+            self.sent_since_recv = false;
             if single || got < BATCH {
                 return Ok(total);
             }
