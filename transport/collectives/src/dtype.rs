@@ -2,12 +2,15 @@
 //!
 //! Everything here works on byte slices, so buffers read out of registered memory need no
 //! typed view (and the crate no `unsafe`). 16-bit floats are widened to f32 for every
-//! operation and rounded once when stored. This module never moves data between ranks.
+//! operation and rounded once when stored; their kernels live in [`crate::half_float`]. This
+//! module never moves data between ranks.
 
 use std::fmt;
 use std::str::FromStr;
 
 use half::{bf16, f16};
+
+use crate::half_float;
 
 /// An element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -283,65 +286,6 @@ int_lane!(u8, 1);
 int_lane!(i32, 4);
 int_lane!(i64, 8);
 
-/// A 16-bit float lane: arithmetic in f32, one rounding per store.
-#[derive(Clone, Copy)]
-struct Half<const BF: bool>(f32);
-
-impl<const BF: bool> Lane for Half<BF> {
-    const N: usize = 2;
-    #[inline(always)]
-    fn load(b: &[u8]) -> Self {
-        Half(half_to_f32::<BF>([b[0], b[1]]))
-    }
-    #[inline(always)]
-    fn store(self, b: &mut [u8]) {
-        b.copy_from_slice(&f32_to_half::<BF>(self.0));
-    }
-    #[inline(always)]
-    fn apply(op: ReduceOp, a: Self, b: Self) -> Self {
-        Half(f32::apply(op, a.0, b.0))
-    }
-    #[inline(always)]
-    fn divide(self, n: usize) -> Self {
-        Half(self.0 / n as f32)
-    }
-}
-
-#[inline(always)]
-fn half_to_f32<const BF: bool>(b: [u8; 2]) -> f32 {
-    let bits = u16::from_le_bytes(b);
-    if BF {
-        // bf16 is the top half of an f32: widening is a shift (what `half` computes, written
-        // so the compiler vectorises the loops around it).
-        f32::from_bits(u32::from(bits) << 16)
-    } else {
-        f16::from_bits(bits).to_f32()
-    }
-}
-
-/// f32 to bf16, rounding to nearest even, NaN kept quiet: bit-identical to
-/// `half::bf16::from_f32` (a unit test checks), without its branches.
-#[inline(always)]
-fn f32_to_bf16_bits(v: f32) -> u16 {
-    let x = v.to_bits();
-    if v.is_nan() {
-        ((x >> 16) | 0x40) as u16
-    } else {
-        let round = 0x7fff + ((x >> 16) & 1);
-        (x.wrapping_add(round) >> 16) as u16
-    }
-}
-
-#[inline(always)]
-fn f32_to_half<const BF: bool>(v: f32) -> [u8; 2] {
-    let bits = if BF {
-        f32_to_bf16_bits(v)
-    } else {
-        f16::from_f32(v).to_bits()
-    };
-    bits.to_le_bytes()
-}
-
 /// Operators as const parameters, so each kernel below is compiled once per operator with the
 /// `match` in [`Lane::apply`] folded away: the loops then vectorise (a runtime operator per
 /// element kept them scalar, about 8× slower at 16 KiB of f32).
@@ -413,13 +357,14 @@ fn divide_lane<L: Lane>(buf: &mut [u8], n: usize) {
     }
 }
 
+/// Runs the lane kernel `$f` for `$dtype`, or `$half` for the 16-bit floats, which have kernels
+/// of their own ([`crate::half_float`]).
 macro_rules! dispatch {
-    ($dtype:expr, $f:ident, $($arg:expr),*) => {
+    ($dtype:expr, $half:expr, $f:ident, $($arg:expr),*) => {
         match $dtype {
             DType::F32 => $f::<f32>($($arg),*),
             DType::F64 => $f::<f64>($($arg),*),
-            DType::F16 => $f::<Half<false>>($($arg),*),
-            DType::Bf16 => $f::<Half<true>>($($arg),*),
+            DType::F16 | DType::Bf16 => $half,
             DType::I8 => $f::<i8>($($arg),*),
             DType::U8 => $f::<u8>($($arg),*),
             DType::I32 => $f::<i32>($($arg),*),
@@ -433,18 +378,58 @@ macro_rules! dispatch {
 /// commutative, so the order inside one step does not change the bits.
 pub fn combine(dtype: DType, op: ReduceOp, acc: &mut [u8], x: &[u8]) {
     debug_assert_eq!(acc.len(), x.len());
-    dispatch!(dtype, combine_lane, op, Form::Right, acc, x)
+    combine_form(dtype, op, Form::Right, acc, x)
+}
+
+/// [`combine`] with the operand order given: `acc op x` or `x op acc`. (The 16-bit float
+/// operators are commutative bit for bit, NaN included, so their kernels ignore it.)
+fn combine_form(dtype: DType, op: ReduceOp, form: Form, acc: &mut [u8], x: &[u8]) {
+    dispatch!(
+        dtype,
+        if dtype == DType::Bf16 {
+            half_float::combine::<true>(op, acc, x)
+        } else {
+            half_float::combine::<false>(op, acc, x)
+        },
+        combine_lane,
+        op,
+        form,
+        acc,
+        x
+    )
 }
 
 /// `out = a op b`, element-wise, in one pass (as [`combine`] on a copy of `a`, without the copy).
 pub(crate) fn combine_into(dtype: DType, op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) {
     debug_assert!(out.len() == a.len() && a.len() == b.len());
-    dispatch!(dtype, combine3_lane, op, out, a, b)
+    dispatch!(
+        dtype,
+        if dtype == DType::Bf16 {
+            half_float::combine3::<true>(op, out, a, b)
+        } else {
+            half_float::combine3::<false>(op, out, a, b)
+        },
+        combine3_lane,
+        op,
+        out,
+        a,
+        b
+    )
 }
 
 /// Divides every element by `world` (the last step of avg).
 pub fn finish_avg(dtype: DType, buf: &mut [u8], world: usize) {
-    dispatch!(dtype, divide_lane, buf, world)
+    dispatch!(
+        dtype,
+        if dtype == DType::Bf16 {
+            half_float::divide::<true>(buf, world)
+        } else {
+            half_float::divide::<false>(buf, world)
+        },
+        divide_lane,
+        buf,
+        world
+    )
 }
 
 /// Reduces `inputs` (one per rank, in rank order) into `out`: `((x0 op x1) op x2) …`, then
@@ -525,10 +510,10 @@ pub(crate) fn fold_ranks(
             let wide = &mut scratch.wide;
             for p in 0..world {
                 let mut step = |x: &[u8]| match (p, dtype) {
-                    (0, DType::Bf16) => widen::<true>(wide, x),
-                    (0, _) => widen::<false>(wide, x),
-                    (_, DType::Bf16) => widen_combine::<true>(op, wide, x),
-                    _ => widen_combine::<false>(op, wide, x),
+                    (0, DType::Bf16) => half_float::widen::<true>(wide, x),
+                    (0, _) => half_float::widen::<false>(wide, x),
+                    (_, DType::Bf16) => half_float::widen_combine::<true>(op, wide, x),
+                    _ => half_float::widen_combine::<false>(op, wide, x),
                 };
                 match (p == local, input) {
                     (true, Some(x)) => step(x),
@@ -536,10 +521,15 @@ pub(crate) fn fold_ranks(
                     _ => peer(p, &mut step),
                 }
             }
-            if dtype == DType::Bf16 {
-                narrow::<true>(op, world, out, wide)
+            let divisor = if op == ReduceOp::Avg {
+                world as f32
             } else {
-                narrow::<false>(op, world, out, wide)
+                1.0
+            };
+            if dtype == DType::Bf16 {
+                half_float::narrow::<true>(divisor, out, wide)
+            } else {
+                half_float::narrow::<false>(divisor, out, wide)
             }
             return;
         }
@@ -556,9 +546,7 @@ pub(crate) fn fold_ranks(
             // `out` already holds x0.
             0 => {}
             // out = x0 op out.
-            1 => with(0, &mut |x0| {
-                dispatch!(dtype, combine_lane, op, Form::Left, out, x0)
-            }),
+            1 => with(0, &mut |x0| combine_form(dtype, op, Form::Left, out, x0)),
             _ => {
                 let partial = &mut scratch.partial;
                 partial.resize(out.len(), 0);
@@ -566,7 +554,7 @@ pub(crate) fn fold_ranks(
                 for p in 1..local {
                     with(p, &mut |x| combine(dtype, op, partial, x));
                 }
-                dispatch!(dtype, combine_lane, op, Form::Left, out, partial);
+                combine_form(dtype, op, Form::Left, out, partial);
             }
         }
         local + 1
@@ -576,9 +564,7 @@ pub(crate) fn fold_ranks(
     } else {
         // out = x0 op x1 in one pass, with no copy of x0 first.
         with(0, &mut |x0| {
-            with(1, &mut |x1| {
-                dispatch!(dtype, combine3_lane, op, out, x0, x1)
-            })
+            with(1, &mut |x1| combine_into(dtype, op, out, x0, x1))
         });
         2
     };
@@ -587,38 +573,6 @@ pub(crate) fn fold_ranks(
     }
     if op == ReduceOp::Avg {
         finish_avg(dtype, out, world);
-    }
-}
-
-fn widen<const BF: bool>(wide: &mut Vec<f32>, x: &[u8]) {
-    wide.clear();
-    wide.extend(x.chunks_exact(2).map(|b| half_to_f32::<BF>([b[0], b[1]])));
-}
-
-fn widen_combine<const BF: bool>(op: ReduceOp, wide: &mut [f32], x: &[u8]) {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => widen_combine_op::<BF, SUM>(wide, x),
-        ReduceOp::Prod => widen_combine_op::<BF, PROD>(wide, x),
-        ReduceOp::Min => widen_combine_op::<BF, MIN>(wide, x),
-        ReduceOp::Max => widen_combine_op::<BF, MAX>(wide, x),
-    }
-}
-
-fn widen_combine_op<const BF: bool, const OP: u8>(wide: &mut [f32], x: &[u8]) {
-    let op = op_of(OP);
-    for (a, b) in wide.iter_mut().zip(x.chunks_exact(2)) {
-        *a = f32::apply(op, *a, half_to_f32::<BF>([b[0], b[1]]));
-    }
-}
-
-fn narrow<const BF: bool>(op: ReduceOp, world: usize, out: &mut [u8], wide: &[f32]) {
-    for (o, a) in out.chunks_exact_mut(2).zip(wide.iter()) {
-        let v = if op == ReduceOp::Avg {
-            a / world as f32
-        } else {
-            *a
-        };
-        o.copy_from_slice(&f32_to_half::<BF>(v));
     }
 }
 
@@ -776,10 +730,19 @@ mod tests {
                 let sum = reference(DType::F32, op, &wide);
                 let mut f = vec![0f32; sum.len() / 4];
                 f32::from_bytes(&sum, &mut f);
+                // A NaN result is the canonical NaN (see `half_float`).
                 if dtype == DType::Bf16 {
-                    bytes(&f.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<bf16>>())
+                    let round = |v: f32| match v.is_nan() {
+                        true => bf16::from_bits(half_float::BF16_NAN),
+                        false => bf16::from_f32(v),
+                    };
+                    bytes(&f.iter().map(|&v| round(v)).collect::<Vec<bf16>>())
                 } else {
-                    bytes(&f.iter().map(|&v| f16::from_f32(v)).collect::<Vec<f16>>())
+                    let round = |v: f32| match v.is_nan() {
+                        true => f16::from_bits(half_float::F16_NAN),
+                        false => f16::from_f32(v),
+                    };
+                    bytes(&f.iter().map(|&v| round(v)).collect::<Vec<f16>>())
                 }
             }
             _ => unreachable!("not used by the test"),
@@ -850,36 +813,6 @@ mod tests {
                     }
                 }
             }
-        }
-    }
-
-    #[test]
-    fn bf16_conversions_match_the_half_crate() {
-        let mut x = 0x1234_5678u32;
-        let mut values: Vec<f32> = vec![0.0, -0.0, 1.0, f32::MAX, f32::MIN_POSITIVE, f32::INFINITY];
-        values.extend([
-            f32::NAN,
-            f32::from_bits(0x7f80_0001),
-            f32::from_bits(0x3f80_8000),
-        ]);
-        for _ in 0..100_000 {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            values.push(f32::from_bits(x));
-        }
-        for v in values {
-            assert_eq!(
-                f32_to_bf16_bits(v),
-                bf16::from_f32(v).to_bits(),
-                "{v:e} {:#x}",
-                v.to_bits()
-            );
-            let b = bf16::from_f32(v).to_bits().to_le_bytes();
-            assert_eq!(
-                half_to_f32::<true>(b).to_bits(),
-                bf16::from_bits(u16::from_le_bytes(b)).to_f32().to_bits()
-            );
         }
     }
 

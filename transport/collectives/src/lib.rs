@@ -38,6 +38,7 @@ mod config;
 mod direct;
 mod dtype;
 mod error;
+mod half_float;
 mod oneshot;
 mod ops;
 mod rendezvous;
