@@ -6,6 +6,10 @@
 //!   caller progress. It reduces with tbrdma's own kernels, so only the transport differs.
 //! - `udp-floor`: the one-way latency of a busy-polling UDP ping-pong of the message between
 //!   ranks 0 and 1 (half the round trip): what one exchange costs at the kernel's floor.
+//! - `udp-exchange`: ranks 0 and 1 both send the message and then wait for the other's, as a
+//!   one-shot all-reduce of two ranks does: the time of the whole exchange (not halved), which
+//!   is what the kernel alone costs such an all-reduce (on veth the sender's system call also
+//!   delivers into the receiver's socket, so the two sends do not overlap for free).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -182,12 +186,14 @@ impl TcpRing {
 }
 
 /// One-way latency (half the median round trip) of a busy-polling UDP ping-pong of `size`
-/// bytes between ranks 0 and 1 of a pair; other ranks return `None` at once.
+/// bytes between ranks 0 and 1 of a pair or, with `exchange`, the median time of both sending
+/// and then receiving; other ranks return `None` at once.
 pub fn udp_floor(
     addrs: &RingAddrs,
     port: u16,
     size: usize,
     iters: usize,
+    exchange: bool,
 ) -> anyhow::Result<Option<f64>> {
     if addrs.rank > 1 {
         return Ok(None);
@@ -246,6 +252,16 @@ pub fn udp_floor(
         sock.send(&[0])?;
     }
     let mut rtts = Vec::with_capacity(iters);
+    if exchange {
+        for _ in 0..iters {
+            let start = Instant::now();
+            sock.send(&msg)?;
+            recv_msg(&mut buf)?;
+            rtts.push(start.elapsed().as_secs_f64());
+        }
+        rtts.sort_by(f64::total_cmp);
+        return Ok((addrs.rank == 0).then(|| rtts[rtts.len() / 2]));
+    }
     for _ in 0..iters {
         if addrs.rank == 0 {
             let start = Instant::now();

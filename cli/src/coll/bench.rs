@@ -63,7 +63,8 @@ pub struct BenchArgs {
     /// What moves the data (all-reduce only for the baselines): `tbrdma`; `tcp`, a plain TCP
     /// ring all-reduce as MLX's ring backend does it; `udp-floor`, the one-way latency of a
     /// busy-polling UDP ping-pong of the message between ranks 0 and 1 (one exchange at the
-    /// kernel's floor).
+    /// kernel's floor); `udp-exchange`, ranks 0 and 1 both sending it and then receiving (what
+    /// the kernel alone costs a two-rank one-shot all-reduce).
     #[arg(long, default_value = "tbrdma")]
     pub transport: String,
 }
@@ -190,10 +191,10 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
     let max = parse_size(&args.max)?;
     let mut ring = match args.transport.as_str() {
         "tcp" => Some(TcpRing::connect(&addrs, port, timeout)?),
-        "udp-floor" => None,
+        "udp-floor" | "udp-exchange" => None,
         other => {
             return Err(anyhow!(
-                "unknown transport {other:?} (tbrdma, tcp, udp-floor)"
+                "unknown transport {other:?} (tbrdma, tcp, udp-floor, udp-exchange)"
             ));
         }
     };
@@ -209,8 +210,14 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                 let count = size / es;
                 let bytes = count * es;
                 let (time, median) = match ring.as_mut() {
-                    None => match udp_floor(&addrs, port, bytes, args.iters.max(1))? {
-                        // Already half the median round trip.
+                    None => match udp_floor(
+                        &addrs,
+                        port,
+                        bytes,
+                        args.iters.max(1),
+                        args.transport == "udp-exchange",
+                    )? {
+                        // Already a median (half the round trip for the ping-pong).
                         Some(t) => (t, t),
                         None => continue,
                     },

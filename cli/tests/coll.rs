@@ -1,0 +1,228 @@
+//! `tbrdma allreduce` (with its baselines), `allgather`, `reducescatter`, `broadcast` and
+//! `tp-bench` as a user runs them: the same command in both ranks of a lab pair (`lab exec` sets
+//! the hostfile and the rank), `--check` verifying every iteration, `--json` parsed and checked
+//! for the nccl-tests keys and sane numbers, and a wrong transport named with the choices.
+//!
+//! Needs root for the lab (skips, saying so, without it). Never asserts on timing; one pair of
+//! busy-polling ranks at a time, since the machine may have only 2 cores.
+
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use serde_json::Value;
+use tbrdma_netdev::lab::LabTopology;
+use tbrdma_tests::Lab;
+
+const TBRDMA: &str = env!("CARGO_BIN_EXE_tbrdma");
+
+/// One pair of busy-polling ranks at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+/// Fresh connection-manager ports per run (each run uses a few from its base).
+static PORT: AtomicU16 = AtomicU16::new(21_000);
+
+fn lab(tag: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Lab)> {
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    Lab::up(tag, 2, LabTopology::Pair, 1).map(|lab| (serial, lab))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs `args` in both ranks at once (each with the same fresh `--port`); returns both outputs.
+fn both(lab: &Lab, args: &[&str]) -> [Output; 2] {
+    let port = PORT.fetch_add(50, Ordering::Relaxed).to_string();
+    let spawn = |rank: usize| {
+        Command::new(TBRDMA)
+            .args(["lab", "exec", "--name", &lab.name, &rank.to_string(), "--"])
+            .arg(TBRDMA)
+            .args(args)
+            .args(["--port", &port])
+            .output()
+    };
+    let (r0, r1) = std::thread::scope(|s| {
+        let one = s.spawn(|| spawn(1));
+        let zero = spawn(0);
+        (zero, one.join().expect("rank 1's thread"))
+    });
+    [r0.expect("run rank 0"), r1.expect("run rank 1")]
+}
+
+/// Both ranks succeeded; rank 0's stdout lines parsed as JSON (rank 1 prints nothing).
+fn rows(outs: &[Output; 2], what: &str) -> Vec<Value> {
+    for (rank, out) in outs.iter().enumerate() {
+        assert!(
+            out.status.success(),
+            "{what}: rank {rank} failed:\n{}\n{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+    assert!(
+        text(&outs[1].stdout).trim().is_empty(),
+        "{what}: only rank 0 reports: {}",
+        text(&outs[1].stdout)
+    );
+    text(&outs[0].stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {l}")))
+        .collect()
+}
+
+fn num(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing or not a number in {v}"))
+}
+
+/// An nccl-tests row: the keys the issue names, for `size` bytes of `dtype`, nothing wrong.
+fn check_row(v: &Value, size: u64, dtype: &str, redop: &str) {
+    let width = match dtype {
+        "f32" | "i32" => 4,
+        "bf16" | "f16" => 2,
+        _ => 8,
+    };
+    assert_eq!(v["size"].as_u64(), Some(size), "{v}");
+    assert_eq!(v["count"].as_u64(), Some(size / width), "{v}");
+    assert_eq!(v["type"], dtype, "{v}");
+    assert_eq!(v["redop"], redop, "{v}");
+    assert_eq!(v["wrong"].as_u64(), Some(0), "{v}");
+    let (time, median) = (num(v, "time_us"), num(v, "time_us_median"));
+    assert!(time > 0.0 && median > 0.0, "{v}");
+    let (alg, bus) = (num(v, "algbw_gbs"), num(v, "busbw_gbs"));
+    assert!(alg > 0.0 && bus > 0.0, "{v}");
+}
+
+#[test]
+fn allreduce_sweeps_sizes_checks_every_iteration_and_prints_nccl_tests_rows() {
+    let Some((_serial, lab)) = lab("callred") else {
+        return;
+    };
+    let args = [
+        "allreduce",
+        "-b",
+        "8",
+        "-e",
+        "64K",
+        "-f",
+        "32",
+        "-d",
+        "bf16",
+        "-o",
+        "max",
+        "--check",
+        "--json",
+        "-n",
+        "5",
+        "-w",
+        "1",
+    ];
+    let rows = rows(&both(&lab, &args), "allreduce");
+    let sizes: Vec<u64> = rows.iter().filter_map(|v| v["size"].as_u64()).collect();
+    assert_eq!(sizes, [8, 256, 8192], "-b 8 -e 64K -f 32");
+    for (v, size) in rows.iter().zip(sizes) {
+        check_row(v, size, "bf16", "max");
+        // Two ranks: bus bandwidth = algorithm bandwidth × 2(n-1)/n = × 1.
+        assert!(
+            (num(v, "busbw_gbs") - num(v, "algbw_gbs")).abs() < 1e-9,
+            "{v}"
+        );
+    }
+    // The table form: the header, a row and its median line.
+    let out = both(&lab, &["allreduce", "-b", "4K", "-e", "4K", "-n", "5"]);
+    let table = text(&out[0].stdout);
+    assert!(
+        out[0].status.success() && out[1].status.success(),
+        "{table}"
+    );
+    assert!(
+        table.contains("busbw(GB/s)") && table.contains("#wrong"),
+        "{table}"
+    );
+    assert!(table.contains("#   median per call"), "{table}");
+}
+
+#[test]
+fn the_tcp_ring_and_udp_baselines_run_over_the_same_cable() {
+    let Some((_serial, lab)) = lab("cbase") else {
+        return;
+    };
+    let common = [
+        "allreduce",
+        "-b",
+        "16K",
+        "-e",
+        "16K",
+        "--json",
+        "-n",
+        "20",
+        "-w",
+        "2",
+    ];
+    let tcp = [&common[..], &["--transport", "tcp", "--check", "-d", "f16"]].concat();
+    let rows_tcp = rows(&both(&lab, &tcp), "tcp ring");
+    assert_eq!(rows_tcp.len(), 1);
+    check_row(&rows_tcp[0], 16384, "f16", "sum");
+    for floor in ["udp-floor", "udp-exchange"] {
+        let args = [&common[..], &["--transport", floor]].concat();
+        let rows = rows(&both(&lab, &args), floor);
+        assert_eq!(rows.len(), 1, "{floor}");
+        check_row(&rows[0], 16384, "f32", "sum");
+    }
+    // A transport that does not exist is named, with the choices.
+    let out = both(
+        &lab,
+        &[&common[..], &["--transport", "carrier-pigeon"]].concat(),
+    );
+    let err = text(&out[0].stderr);
+    assert!(!out[0].status.success(), "{err}");
+    assert!(
+        err.contains("carrier-pigeon") && err.contains("udp-exchange"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_other_collectives_and_tp_bench_report_what_they_measured() {
+    let Some((_serial, lab)) = lab("cother") else {
+        return;
+    };
+    for tool in ["allgather", "reducescatter", "broadcast"] {
+        let args = [
+            tool, "-b", "4K", "-e", "4K", "-d", "f32", "--check", "--json", "-n", "5",
+        ];
+        let rows = rows(&both(&lab, &args), tool);
+        assert_eq!(rows.len(), 1, "{tool}");
+        let redop = if tool == "reducescatter" {
+            "sum"
+        } else {
+            "none"
+        };
+        assert_eq!(rows[0]["wrong"].as_u64(), Some(0), "{tool}: {}", rows[0]);
+        assert_eq!(rows[0]["redop"], redop, "{tool}: {}", rows[0]);
+        assert!(num(&rows[0], "time_us") > 0.0, "{tool}: {}", rows[0]);
+    }
+    let args = [
+        "tp-bench", "--hidden", "1024", "--layers", "4", "--tokens", "3", "--dtype", "bf16",
+        "--json",
+    ];
+    let rows = rows(&both(&lab, &args), "tp-bench");
+    assert_eq!(rows.len(), 1);
+    let v = &rows[0];
+    assert_eq!(v["ranks"].as_u64(), Some(2), "{v}");
+    // 1024 bf16 values per all-reduce, two all-reduces per layer.
+    assert_eq!(v["bytes_per_allreduce"].as_u64(), Some(2048), "{v}");
+    assert_eq!(v["allreduces_per_token"].as_u64(), Some(8), "{v}");
+    let mean = num(v, "allreduce_us_mean");
+    assert!(
+        mean > 0.0 && num(v, "allreduce_us_p99") >= num(v, "allreduce_us_median"),
+        "{v}"
+    );
+    // The ceiling is what the communication time per token allows, no more.
+    let per_token_s = num(v, "comm_ms_per_token") / 1e3;
+    assert!(
+        (num(v, "tokens_per_s_ceiling") * per_token_s - 1.0).abs() < 1e-6,
+        "{v}"
+    );
+}
