@@ -50,8 +50,9 @@ pub struct CommArgs {
     /// All-reduce algorithm: auto, oneshot, ring.
     #[arg(long, default_value = "auto")]
     pub algo: String,
-    /// Largest message that `auto` sends one-shot (bytes, K/M suffixes).
-    #[arg(long, value_name = "BYTES", default_value = "128K")]
+    /// Largest all-reduce that `auto` sends one-shot on a pair (a mesh of N ranks: this divided
+    /// by (N-1)²), in bytes, K/M suffixes.
+    #[arg(long, value_name = "BYTES", default_value = "256K")]
     pub one_shot_max: String,
     /// Bytes per pre-registered slot (the pipelining unit).
     #[arg(long, value_name = "BYTES", default_value = "512K")]

@@ -284,8 +284,8 @@ typedef struct tbrdma_comm_options {
   // First TCP port of connection setup: ranks i < j use `port_base + i*N + j` (default
   // 18600).
   uint16_t port_base;
-  // All-reduces up to this many bytes run one-shot under `TBRDMA_ALGO_AUTO` where the
-  // topology allows it (default 131072).
+  // All-reduces up to this many bytes run one-shot under `TBRDMA_ALGO_AUTO` on a pair; on a
+  // full mesh of N ranks up to this divided by (N-1)^2 (default 262144).
   size_t one_shot_max;
   // Bytes per pre-registered slot, the pipelining unit (default 524288).
   size_t slot_bytes;

@@ -123,8 +123,8 @@ pub struct tbrdma_comm_options {
     /// First TCP port of connection setup: ranks i < j use `port_base + i*N + j` (default
     /// 18600).
     pub port_base: u16,
-    /// All-reduces up to this many bytes run one-shot under `TBRDMA_ALGO_AUTO` where the
-    /// topology allows it (default 131072).
+    /// All-reduces up to this many bytes run one-shot under `TBRDMA_ALGO_AUTO` on a pair; on a
+    /// full mesh of N ranks up to this divided by (N-1)^2 (default 262144).
     pub one_shot_max: usize,
     /// Bytes per pre-registered slot, the pipelining unit (default 524288).
     pub slot_bytes: usize,

@@ -95,8 +95,9 @@ impl std::fmt::Display for Relay {
 pub struct CommOptions {
     /// All-reduce algorithm ([`Algorithm::Auto`]: by size and topology).
     pub algorithm: Algorithm,
-    /// Messages up to this many bytes use one-shot under [`Algorithm::Auto`] where the topology
-    /// allows it.
+    /// All-reduces up to this many bytes use one-shot under [`Algorithm::Auto`] on a pair; on a
+    /// full mesh of N ranks, up to this divided by (N−1)² (each rank sends the whole message to
+    /// N−1 peers). All-gather blocks up to this size go one-shot wherever the topology allows.
     pub one_shot_max: usize,
     /// Bytes per pre-registered slot: the pipelining unit.
     pub slot_bytes: usize,
@@ -121,8 +122,9 @@ impl Default for CommOptions {
     fn default() -> Self {
         CommOptions {
             algorithm: Algorithm::Auto,
-            // The measured crossover on a pair and a 3-rank mesh (docs/collectives.md).
-            one_shot_max: 128 << 10,
+            // The measured crossovers: 256-384 KiB on a pair, 64-128 KiB on a 3-rank mesh
+            // (docs/collectives.md).
+            one_shot_max: 256 << 10,
             slot_bytes: 512 << 10,
             slots: 8,
             max_rails: 0,

@@ -52,13 +52,23 @@ impl Communicator {
             }
             Algorithm::Ring if ring => Algorithm::Ring,
             Algorithm::Ring => return Err(no_route()),
-            Algorithm::Auto if full && (bytes <= self.opts.one_shot_max || !ring) => {
+            Algorithm::Auto if full && (bytes <= self.one_shot_limit() || !ring) => {
                 Algorithm::OneShot
             }
             Algorithm::Auto if ring => Algorithm::Ring,
             Algorithm::Auto if full => Algorithm::OneShot,
             Algorithm::Auto => return Err(no_route()),
         })
+    }
+
+    /// The largest all-reduce that [`Algorithm::Auto`] sends one-shot where every rank is cabled
+    /// to every other: [`CommOptions::one_shot_max`] for a pair, divided by (N−1)² for a mesh
+    /// of N, where each rank sends the whole message to N−1 peers and they all share the cores
+    /// and links (measured crossovers: docs/collectives.md).
+    ///
+    /// [`CommOptions::one_shot_max`]: crate::CommOptions::one_shot_max
+    fn one_shot_limit(&self) -> usize {
+        one_shot_limit(self.opts.one_shot_max, self.world)
     }
 
     /// All-reduce of bytes: `output = input₀ op input₁ op … op input_{N−1}`, element-wise, on
@@ -400,3 +410,24 @@ impl Communicator {
         result
     }
 }
+
+/// See [`Communicator::one_shot_limit`].
+fn one_shot_limit(one_shot_max: usize, world: usize) -> usize {
+    let peers = world.saturating_sub(1).max(1);
+    one_shot_max / (peers * peers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_shot_limit;
+
+    #[test]
+    fn one_shot_shrinks_with_the_square_of_the_peers() {
+        let max = 256 << 10;
+        assert_eq!(one_shot_limit(max, 1), max);
+        assert_eq!(one_shot_limit(max, 2), max, "a pair: the option itself");
+        assert_eq!(one_shot_limit(max, 3), 64 << 10, "a 3-mesh: the measured crossover");
+        assert_eq!(one_shot_limit(max, 4), max / 9);
+    }
+}
+
