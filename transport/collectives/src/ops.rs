@@ -426,8 +426,11 @@ mod tests {
         let max = 256 << 10;
         assert_eq!(one_shot_limit(max, 1), max);
         assert_eq!(one_shot_limit(max, 2), max, "a pair: the option itself");
-        assert_eq!(one_shot_limit(max, 3), 64 << 10, "a 3-mesh: the measured crossover");
+        assert_eq!(
+            one_shot_limit(max, 3),
+            64 << 10,
+            "a 3-mesh: the measured crossover"
+        );
         assert_eq!(one_shot_limit(max, 4), max / 9);
     }
 }
-
