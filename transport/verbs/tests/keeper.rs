@@ -1,0 +1,105 @@
+//! Caller progress with held acknowledgements: an application that stops polling right after
+//! it received a message (as NCCL's proxy does when it has nothing else in flight) must not
+//! leave the sender waiting. The engine's keeper sends the acknowledgement it still holds.
+
+use std::time::{Duration, Instant};
+
+use tbrdma_verbs::*;
+
+fn caller() -> DeviceConfig {
+    DeviceConfig {
+        engine: EngineConfig {
+            progress: Progress::Caller,
+            engine: EngineKind::Sockets,
+            ..Default::default()
+        },
+        port: 0,
+    }
+}
+
+/// Polls `cq` (which drives its device) until a completion arrives or `limit` passes.
+fn next_completion(cq: &CompletionQueue, limit: Duration) -> Option<Completion> {
+    let mut buf = [Completion::default(); 1];
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cq.poll(&mut buf).unwrap() == 1 {
+            return Some(buf[0]);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_receiver_that_stops_polling_still_completes_the_senders_write() {
+    let server_dev = Device::open("127.0.0.1", caller()).unwrap();
+    let server_pd = server_dev.alloc_pd();
+    let target = server_pd
+        .alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let server_cq = server_dev.create_cq(16);
+    let listener = Listener::bind(&server_dev, 0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accept = std::thread::spawn(move || {
+        let c = listener
+            .accept(
+                &server_pd,
+                &server_cq,
+                &server_cq,
+                &QpOptions::default(),
+                Some(Duration::from_secs(10)),
+            )
+            .unwrap();
+        (c, server_cq)
+    });
+    let client_dev = Device::open("127.0.0.1", caller()).unwrap();
+    let client_pd = client_dev.alloc_pd();
+    let client_cq = client_dev.create_cq(16);
+    let client = connect(
+        &client_pd,
+        addr,
+        &client_cq,
+        &client_cq,
+        &QpOptions::default(),
+    )
+    .unwrap();
+    let (server, server_cq) = accept.join().unwrap();
+    let src = client_pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    src.write(0, b"held");
+
+    for round in 0..3 {
+        server
+            .qp
+            .post_recv(&[RecvWr {
+                wr_id: round,
+                local: target.sge(0, 0),
+            }])
+            .unwrap();
+        client
+            .qp
+            .post_send(&[SendWr {
+                wr_id: round,
+                local: src.sge(0, 4),
+                op: SendOp::WriteWithImm {
+                    remote: target.remote(0),
+                    imm: round as u32,
+                },
+            }])
+            .unwrap();
+        // The receiver takes its completion, and with it the engine holds the acknowledgement
+        // for a reply to carry; then it goes quiet: no poll, no post, for the rest of the round.
+        let got = next_completion(&server_cq, Duration::from_secs(5)).expect("the write arrived");
+        assert_eq!(got.wc.status, WcStatus::Success);
+        assert_eq!(got.wc.imm, Some(round as u32));
+        // The sender's write completes all the same, and successfully: nothing but the keeper
+        // can answer it now (polling the sender's queue runs only the sender's engine). Without
+        // it the sender would retransmit into a socket nobody reads and fail with RetryExceeded.
+        let sent = next_completion(&client_cq, Duration::from_secs(5))
+            .expect("the sender's write completes while the receiver is quiet");
+        assert_eq!(sent.wc.status, WcStatus::Success, "round {round}: {sent:?}");
+        assert_eq!(sent.wc.wr_id, round);
+        let mut landed = [0u8; 4];
+        target.read(0, &mut landed);
+        assert_eq!(&landed, b"held");
+    }
+    drop(server_dev);
+}
