@@ -12,9 +12,10 @@
 //!
 //! In caller mode a small *keeper* thread stands in for an application that has stopped
 //! calling: when nobody entered the engine for [`KEEPER_HOLD`] it sends the acknowledgements
-//! still held (below), so that the peer's requests complete. It sleeps until a hold could have
-//! lasted that long, never receives, and runs in `SCHED_BATCH` so that waking up never
-//! preempts an application that keeps polling.
+//! still held (below), so that the peer's requests complete. It blocks on a timer that the
+//! application's polls push forward (every [`KEEPER_KICK`] at most), so while the application
+//! keeps polling the keeper never wakes, and once it stops the timer runs out. The keeper never
+//! receives, and runs in `SCHED_BATCH` so that waking up never preempts a polling thread.
 //!
 //! Acknowledgement hold (caller mode, [`EngineConfig::hold_acks`]): the ACK of a message whose
 //! completion was just delivered is not sent in that same call; the application's next poll
@@ -31,6 +32,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 // FxHash: these maps are looked up several times per datagram with small integer keys, which
 // SipHash (std's default, built against hash flooding) makes cost more. Only this process
 // inserts keys (queue pair numbers, region ids); a peer-supplied number is only looked up.
@@ -109,15 +112,15 @@ pub const DEFAULT_GATHER_THRESHOLD: Option<usize> = Some(1024);
 
 /// Caller mode: the keeper sends held acknowledgements when the application has not entered
 /// the engine for this long (well inside the peer's smallest retransmission timeout of 1 ms).
-/// While the application keeps calling, the keeper wakes once per this period: 500 µs rather
-/// than 250 µs because each wake-up of a third thread on a 2-core machine running two
-/// busy-polling ranks lands in some call's critical path (measured: p99 of a 16 KiB all-reduce
-/// 40-50 µs with 250 µs, the median 10 µs; docs/performance.md).
 pub const KEEPER_HOLD: Duration = Duration::from_micros(500);
-/// After this long with no application call the keeper checks less often.
-const KEEPER_FAST_FOR: Duration = Duration::from_millis(100);
-/// The keeper's period once the application is idle.
-const KEEPER_IDLE_PERIOD: Duration = Duration::from_millis(20);
+/// Caller mode: a poll pushes the keeper's timer out to [`KEEPER_HOLD`] from now when it last
+/// did so at least this long ago: one `timerfd_settime` per 250 µs of polling (well under 1 % of
+/// a polling thread's time). Before, the keeper slept on its own clock and woke every 500 µs
+/// while the application polled (and every 20 ms when it was idle), a third thread switched in
+/// on cores that two busy-polling ranks keep full: a pair of ranks running 16 KiB all-reduces
+/// made 2088 voluntary context switches a second, 18 with the timer pushed (the all-reduce's
+/// mean and p99 did not move measurably on the noisy 2-core VM; docs/performance.md).
+pub const KEEPER_KICK: Duration = Duration::from_micros(250);
 /// Upper bound written into each connection's [`Config::ack_hold`] in caller mode; in practice
 /// the next poll or the keeper releases the hold much sooner.
 const CALLER_ACK_HOLD: Duration = Duration::from_millis(1);
@@ -464,6 +467,10 @@ struct Shared {
     /// Caller mode: when the application last entered the loop (nanoseconds of [`Shared::now`]),
     /// so the keeper can tell whether it is still polling.
     last_entry: AtomicU64,
+    /// Caller mode: the keeper's alarm, which the application's polls push forward.
+    keeper_timer: Option<TimerFd>,
+    /// When a poll last pushed `keeper_timer` (nanoseconds of [`Shared::now`]).
+    last_kick: AtomicU64,
 }
 
 impl Shared {
@@ -474,14 +481,31 @@ impl Shared {
     /// Caller mode, for the keeper: sends the acknowledgements still held. Nothing else: the
     /// application's own polls receive (a keeper that received would run connection timers
     /// against a socket nobody reads and hand completions to an application in mid-step).
+    /// Returns whether some may still be held: their datagram could not go out, or another
+    /// thread was using the backends (and may leave without polling).
     fn flush_held_acks(&self) -> io::Result<bool> {
-        self.with_rails(|state, rails, now| {
+        let mut ran = false;
+        let held = self.with_rails(|state, rails, now| {
+            ran = true;
             if !state.acks_held {
                 return Ok(false);
             }
             state.release_held_acks();
-            state.flush(rails, now)
-        })
+            state.flush(rails, now)?;
+            Ok(state.acks_held)
+        })?;
+        Ok(held || !ran)
+    }
+
+    /// Caller mode: sets the keeper's alarm to go off `after` from now (1 ns: at once).
+    fn arm_keeper(&self, after: Duration) {
+        if let Some(timer) = &self.keeper_timer {
+            let at =
+                Expiration::OneShot(TimeSpec::from_duration(after.max(Duration::from_nanos(1))));
+            if let Err(e) = timer.set(at, TimerSetTimeFlags::empty()) {
+                tracing::error!("cannot set the keeper's timer: {e}");
+            }
+        }
     }
 
     /// Caller mode: runs the loop once, first ending the acknowledgement holds (this is the
@@ -491,6 +515,12 @@ impl Shared {
             // The keeper reads this to tell whether the application is still polling. (When
             // another thread holds the rails, that thread's call records the time instead.)
             self.last_entry.store(now.0, Ordering::Relaxed);
+            // And the keeper sleeps on: its alarm goes off `KEEPER_HOLD` after a recent poll.
+            let kicked = self.last_kick.load(Ordering::Relaxed);
+            if now.0.saturating_sub(kicked) >= KEEPER_KICK.as_nanos() as u64 || kicked == 0 {
+                self.last_kick.store(now.0.max(1), Ordering::Relaxed);
+                self.arm_keeper(KEEPER_HOLD);
+            }
             state.release_held_acks();
             state.run_once(rails, now)
         })
@@ -620,6 +650,14 @@ impl Engine {
             stop: AtomicBool::new(false),
             epoch: Instant::now(),
             last_entry: AtomicU64::new(0),
+            keeper_timer: match config.progress {
+                Progress::Caller => Some(TimerFd::new(
+                    ClockId::CLOCK_MONOTONIC,
+                    TimerFlags::TFD_CLOEXEC,
+                )?),
+                Progress::Thread => None,
+            },
+            last_kick: AtomicU64::new(0),
         });
         let (kind, fallback, worker) = match config.progress {
             Progress::Caller => {
@@ -798,6 +836,8 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.shared.wake.write(1);
+        // The keeper blocks on its alarm: ring it.
+        self.shared.arm_keeper(Duration::ZERO);
         if let Some(worker) = self.worker.take() {
             worker.thread().unpark();
             let _ = worker.join();
@@ -868,25 +908,37 @@ fn keeper_thread(shared: Arc<Shared>) {
     if let Err(e) = crate::sched::set_batch_scheduling() {
         tracing::debug!("keeper stays in the default scheduling class: {e}");
     }
+    let Some(timer) = &shared.keeper_timer else {
+        return;
+    };
     let hold = KEEPER_HOLD.as_nanos() as u64;
-    while !shared.stop.load(Ordering::Relaxed) {
+    loop {
+        // Unarmed (nothing polled since the last flush) this waits until a poll arms it.
+        if let Err(e) = timer.wait() {
+            tracing::error!("the keeper's timer failed: {e}");
+            std::thread::sleep(KEEPER_HOLD);
+        }
+        if shared.stop.load(Ordering::Relaxed) {
+            return;
+        }
         let now = shared.now().0;
         let away = now.saturating_sub(shared.last_entry.load(Ordering::Relaxed));
         if away < hold {
-            // The application is polling: the loop is in its hands. Come back when a hold it
-            // leaves now could have lasted `KEEPER_HOLD`.
-            std::thread::park_timeout(Duration::from_nanos(hold - away));
+            // The application polled after the alarm was set: come back when a hold it leaves
+            // now could have lasted `KEEPER_HOLD` (its next kick may push that further).
+            shared.arm_keeper(Duration::from_nanos(hold - away));
             continue;
         }
-        if let Err(e) = shared.flush_held_acks() {
-            tracing::error!("engine I/O failed: {e}");
+        match shared.flush_held_acks() {
+            // Some could not go out: try again.
+            Ok(true) => shared.arm_keeper(KEEPER_HOLD),
+            // Nothing more can be held until the application polls again, and that arms us.
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!("engine I/O failed: {e}");
+                shared.arm_keeper(KEEPER_HOLD);
+            }
         }
-        let away = Duration::from_nanos(away);
-        std::thread::park_timeout(if away < KEEPER_FAST_FOR {
-            KEEPER_HOLD
-        } else {
-            KEEPER_IDLE_PERIOD
-        });
     }
 }
 
