@@ -179,7 +179,10 @@ fn combine_op<const BF: bool, const OP: u8>(acc: &mut [u8], x: &[u8]) {
             }
             return;
         }
-    } else if let (Some(a), Some(b)) = (halves_mut(acc), halves(x)) {
+    }
+    // f16, or bf16 whose buffers are 2- but not 4-byte aligned (a ring segment that starts at an
+    // odd element): one element at a time, which still vectorises.
+    if let (Some(a), Some(b)) = (halves_mut(acc), halves(x)) {
         for (p, q) in a.iter_mut().zip(b) {
             *p = one::<BF, OP>(u16::from_le(*p), u16::from_le(*q)).to_le();
         }
@@ -210,7 +213,8 @@ fn combine3_op<const BF: bool, const OP: u8>(out: &mut [u8], a: &[u8], b: &[u8])
             }
             return;
         }
-    } else if let (Some(o), Some(x), Some(y)) = (halves_mut(out), halves(a), halves(b)) {
+    }
+    if let (Some(o), Some(x), Some(y)) = (halves_mut(out), halves(a), halves(b)) {
         for ((o, p), q) in o.iter_mut().zip(x).zip(y) {
             *o = one::<BF, OP>(u16::from_le(*p), u16::from_le(*q)).to_le();
         }
@@ -472,6 +476,32 @@ mod tests {
                 }
                 assert_eq!(acc[1..], le(&want), "unaligned combine {op} bf16={bf}");
                 assert_eq!(out[1..], le(&want), "unaligned combine3 {op} bf16={bf}");
+                // At 2 bytes past a 4-byte boundary bf16 takes the element-wise path. (A
+                // `Vec<u32>` backs the buffers so that offset 2 is exactly that.)
+                let words = (2 * n + 6) / 4;
+                let (mut acc, mut out, mut bx) =
+                    (vec![0u32; words], vec![0u32; words], vec![0u32; words]);
+                let (acc, out, bx): (&mut [u8], &mut [u8], &mut [u8]) = (
+                    bytemuck::cast_slice_mut(&mut acc),
+                    bytemuck::cast_slice_mut(&mut out),
+                    bytemuck::cast_slice_mut(&mut bx),
+                );
+                let r = 2..2 + 2 * n;
+                acc[r.clone()].copy_from_slice(&le(&a));
+                bx[r.clone()].copy_from_slice(&le(&b));
+                if bf {
+                    combine::<true>(op, &mut acc[r.clone()], &bx[r.clone()]);
+                    combine3::<true>(op, &mut out[r.clone()], &bx[r.clone()], &le(&a));
+                } else {
+                    combine::<false>(op, &mut acc[r.clone()], &bx[r.clone()]);
+                    combine3::<false>(op, &mut out[r.clone()], &bx[r.clone()], &le(&a));
+                }
+                assert_eq!(
+                    acc[r.clone()],
+                    le(&want),
+                    "2-aligned combine {op} bf16={bf}"
+                );
+                assert_eq!(out[r], le(&want), "2-aligned combine3 {op} bf16={bf}");
             }
         }
     }
