@@ -1,0 +1,402 @@
+//! `collbench`: the benchmark of issue 6 in one command — tbrdma's all-reduce against a plain
+//! TCP ring all-reduce (MLX's ring design) and the kernel's UDP floors, over the same lab links.
+//!
+//! As root, after `cargo build --release -p tbrdma-cli`:
+//! `cargo run --release -p tbrdma-benches --bin collbench [-- --rounds 3 --ranks 2]`.
+//! It creates a lab (2 ranks over one cable, or `--ranks 4` in a ring), then runs `--rounds`
+//! rounds; each round runs every dtype × size × transport once, the transports of one case
+//! back to back (tbrdma, the TCP ring, and for two ranks up to 64 KiB the UDP ping-pong floor
+//! and the UDP exchange), each as `tbrdma allreduce --json` in every rank's namespace. It prints
+//! each case's median over the rounds, ratios computed within each round (so the machine's
+//! drift between rounds hits both sides alike) and the verdicts against the issue's targets.
+//! The lab always comes down: on success, error, panic, SIGINT and SIGTERM.
+//!
+//! Cores: every rank is one unpinned process busy-polling in caller progress mode, so N ranks
+//! share the machine's cores with nothing else of ours (said in the output too).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, anyhow, bail};
+use serde_json::Value;
+use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
+
+/// Rank processes alive, killed on a signal.
+static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+const USAGE: &str = "usage: collbench [--rounds N] [--ranks 2|4] [--dtypes f32,bf16] \
+                     [--sizes 16K,256K,64M] [--tbrdma PATH]
+  Run as root. Builds a lab, runs tbrdma allreduce against the TCP ring and the UDP floors
+  in every rank, alternating within each round, and prints medians, per-round ratios and
+  verdicts against issue 6's targets. Build the CLI first: cargo build --release -p tbrdma-cli.";
+
+struct Options {
+    rounds: usize,
+    ranks: usize,
+    dtypes: Vec<String>,
+    sizes: Vec<String>,
+    tbrdma: PathBuf,
+}
+
+fn parse_args() -> anyhow::Result<Options> {
+    let mut options = Options {
+        rounds: 3,
+        ranks: 2,
+        dtypes: vec!["f32".into(), "bf16".into()],
+        sizes: vec!["16K".into(), "256K".into(), "64M".into()],
+        tbrdma: std::env::current_exe()?.with_file_name("tbrdma"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| anyhow!("{arg} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--rounds" => options.rounds = value()?.parse().context("--rounds")?,
+            "--ranks" => options.ranks = value()?.parse().context("--ranks")?,
+            "--dtypes" => options.dtypes = value()?.split(',').map(String::from).collect(),
+            "--sizes" => options.sizes = value()?.split(',').map(String::from).collect(),
+            "--tbrdma" => options.tbrdma = value()?.into(),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?}\n{USAGE}"),
+        }
+    }
+    if options.rounds == 0 || !(2..=8).contains(&options.ranks) {
+        bail!("--rounds must be at least 1 and --ranks 2 to 8\n{USAGE}");
+    }
+    if !options.tbrdma.exists() {
+        bail!(
+            "no tbrdma binary at {}: build it first (cargo build --release -p tbrdma-cli) or \
+             pass --tbrdma PATH",
+            options.tbrdma.display()
+        );
+    }
+    Ok(options)
+}
+
+/// Bytes of a size written as `16K`, `256K`, `64M` or a number.
+fn bytes_of(size: &str) -> anyhow::Result<usize> {
+    let (digits, unit) = size.split_at(size.trim_end_matches(['K', 'M', 'k', 'm']).len());
+    let n: usize = digits.parse().with_context(|| format!("size {size:?}"))?;
+    Ok(match unit {
+        "" => n,
+        "K" | "k" => n << 10,
+        _ => n << 20,
+    })
+}
+
+/// The lab exists while this lives.
+struct LabGuard {
+    name: String,
+}
+
+impl Drop for LabGuard {
+    fn drop(&mut self) {
+        match lab::down(&self.name) {
+            Ok(_) => eprintln!("lab {} taken down", self.name),
+            Err(e) => eprintln!("collbench: taking lab {} down: {e}", self.name),
+        }
+    }
+}
+
+/// One transport's figures for one case in one round, from rank 0's JSON row.
+#[derive(Clone, Copy, Debug)]
+struct Figures {
+    mean_us: f64,
+    median_us: f64,
+    busbw_gbs: f64,
+}
+
+/// Runs `tbrdma allreduce` with `args` in every rank of `lab` at once; rank 0's row.
+fn run_case(
+    options: &Options,
+    lab_name: &str,
+    args: &[String],
+    port: u16,
+) -> anyhow::Result<Figures> {
+    let mut children: Vec<Child> = Vec::new();
+    for rank in 0..options.ranks {
+        let child = Command::new(&options.tbrdma)
+            .args(["lab", "exec", "--name", lab_name, &rank.to_string(), "--"])
+            .arg(&options.tbrdma)
+            .arg("allreduce")
+            .args(args)
+            .args(["--json", "--port", &port.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting a rank")?;
+        CHILDREN.lock().expect("children").push(child.id());
+        children.push(child);
+    }
+    let mut outputs = Vec::new();
+    for child in children {
+        let id = child.id();
+        let out = child.wait_with_output().context("waiting for a rank")?;
+        CHILDREN.lock().expect("children").retain(|&p| p != id);
+        outputs.push(out);
+    }
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        bail!("interrupted");
+    }
+    for (rank, out) in outputs.iter().enumerate() {
+        if !out.status.success() {
+            bail!(
+                "rank {rank} of `tbrdma allreduce {}` failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    let stdout = String::from_utf8_lossy(&outputs[0].stdout);
+    let row: Value = stdout
+        .lines()
+        .next()
+        .ok_or_else(|| anyhow!("rank 0 printed no row"))
+        .and_then(|l| serde_json::from_str(l).context("rank 0's row is not JSON"))?;
+    if row["wrong"].as_u64() != Some(0) {
+        bail!("wrong results: {row}");
+    }
+    let num = |key: &str| {
+        row[key]
+            .as_f64()
+            .ok_or_else(|| anyhow!("{key} missing in {row}"))
+    };
+    Ok(Figures {
+        mean_us: num("time_us")?,
+        median_us: num("time_us_median")?,
+        busbw_gbs: num("busbw_gbs")?,
+    })
+}
+
+/// Calls and warm-up calls for one size: about 50-100 ms of calls per run.
+fn iterations(bytes: usize) -> (usize, usize) {
+    match bytes {
+        0..=65_536 => (6000, 200),
+        65_537..=1_048_576 => (600, 30),
+        _ => (((640 << 20) / bytes).clamp(4, 100), 2),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[(v.len() - 1) / 2]
+    }
+}
+
+fn run(options: &Options) -> anyhow::Result<bool> {
+    let name = format!("cb{}", std::process::id() % 100_000);
+    {
+        let name = name.clone();
+        ctrlc::set_handler(move || {
+            if INTERRUPTED.swap(true, Ordering::SeqCst) {
+                let _ = lab::down(&name);
+                std::process::exit(130);
+            }
+            eprintln!("collbench: interrupted, stopping the ranks (again to quit at once)");
+            for pid in CHILDREN.lock().map(|c| c.clone()).unwrap_or_default() {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        })
+        .context("installing the signal handler")?;
+    }
+    let topology = if options.ranks == 2 {
+        LabTopology::Pair
+    } else {
+        LabTopology::Ring
+    };
+    let guard = LabGuard { name: name.clone() };
+    lab::up(&LabOptions {
+        name: name.clone(),
+        ranks: options.ranks,
+        topology,
+        rails: 1,
+        mtu: 65_520,
+        force: true,
+    })
+    .with_context(|| format!("lab up {name}"))?;
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "# lab {name}: {} ranks ({topology:?}), one veth cable per neighbour, MTU 65520; every rank \
+         one unpinned process busy-polling (caller progress), {} ranks on {cores} cores; \
+         load average {}",
+        options.ranks,
+        options.ranks,
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split(' ')
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    // case -> transport -> one Figures per round
+    type Rounds = Vec<(String, String, Vec<(String, Vec<Figures>)>)>;
+    let mut results: Rounds = Vec::new();
+    let mut port: u16 = 22_000;
+    for round in 0..options.rounds {
+        eprintln!("round {} of {}", round + 1, options.rounds);
+        let mut case = 0;
+        for dtype in &options.dtypes {
+            for size in &options.sizes {
+                let bytes = bytes_of(size)?;
+                let (iters, warmup) = iterations(bytes);
+                let mut transports = vec!["tbrdma", "tcp"];
+                if options.ranks == 2 && bytes <= 65_536 {
+                    transports.extend(["udp-floor", "udp-exchange"]);
+                }
+                if round == 0 {
+                    results.push((
+                        dtype.clone(),
+                        size.clone(),
+                        transports
+                            .iter()
+                            .map(|t| (t.to_string(), Vec::new()))
+                            .collect(),
+                    ));
+                }
+                for (t, transport) in transports.iter().enumerate() {
+                    let args: Vec<String> = [
+                        "-b",
+                        size,
+                        "-e",
+                        size,
+                        "-d",
+                        dtype,
+                        "-n",
+                        &iters.to_string(),
+                        "-w",
+                        &warmup.to_string(),
+                        "--transport",
+                        transport,
+                    ]
+                    .map(String::from)
+                    .to_vec();
+                    port = if port > 60_000 { 22_000 } else { port + 40 };
+                    let figures = run_case(options, &name, &args, port)?;
+                    results[case].2[t].1.push(figures);
+                }
+                case += 1;
+            }
+        }
+    }
+    drop(guard);
+    Ok(report(options, &results))
+}
+
+/// Prints the table and the verdicts; returns whether every target passed.
+#[allow(clippy::type_complexity)]
+fn report(options: &Options, results: &[(String, String, Vec<(String, Vec<Figures>)>)]) -> bool {
+    println!(
+        "\n# {:>5} {:>6} {:>13} {:>12} {:>12} {:>11}",
+        "type", "size", "transport", "mean(us)", "median(us)", "busbw(GB/s)"
+    );
+    for (dtype, size, transports) in results {
+        for (transport, rounds) in transports {
+            println!(
+                "  {:>5} {:>6} {:>13} {:>12.2} {:>12.2} {:>11.3}",
+                dtype,
+                size,
+                transport,
+                median(rounds.iter().map(|f| f.mean_us).collect()),
+                median(rounds.iter().map(|f| f.median_us).collect()),
+                median(rounds.iter().map(|f| f.busbw_gbs).collect()),
+            );
+        }
+    }
+    println!(
+        "\n{:<44} {:>6} {:>8} {:>7}  per round",
+        "ratio (medians of per-round ratios)", "value", "target", "verdict"
+    );
+    let mut all_pass = true;
+    for (dtype, size, transports) in results {
+        let get = |name: &str| transports.iter().find(|(t, _)| t == name).map(|(_, r)| r);
+        let Some(ours) = get("tbrdma") else { continue };
+        let bytes = bytes_of(size).unwrap_or(0);
+        let mut line = |label: String, per_round: Vec<f64>, target: Option<(bool, f64)>| {
+            let value = median(per_round.clone());
+            let verdict = match target {
+                Some((at_most, limit)) => {
+                    let pass = if at_most {
+                        value <= limit
+                    } else {
+                        value >= limit
+                    };
+                    all_pass &= pass;
+                    let target = format!("{}{limit}", if at_most { "<=" } else { ">=" });
+                    format!("{target:>8} {:>7}", if pass { "PASS" } else { "MISS" })
+                }
+                None => format!("{:>8} {:>7}", "-", "info"),
+            };
+            let rounds: Vec<String> = per_round.iter().map(|r| format!("{r:.2}")).collect();
+            println!("{label:<44} {value:>6.2} {verdict}  {}", rounds.join(" "));
+        };
+        let ratio = |theirs: &[Figures], f: fn(&Figures) -> f64| -> Vec<f64> {
+            ours.iter().zip(theirs).map(|(o, t)| f(o) / f(t)).collect()
+        };
+        let two_16k = options.ranks == 2 && bytes == 16 << 10;
+        if let Some(tcp) = get("tcp") {
+            if bytes >= 16 << 20 {
+                // Bandwidth: higher is better, so ours over theirs.
+                line(
+                    format!("{dtype} {size} busbw tbrdma / TCP ring"),
+                    ours.iter()
+                        .zip(tcp)
+                        .map(|(o, t)| o.busbw_gbs / t.busbw_gbs)
+                        .collect(),
+                    (options.ranks == 2).then_some((false, 1.0)),
+                );
+            } else {
+                line(
+                    format!("{dtype} {size} mean tbrdma / TCP ring"),
+                    ratio(tcp, |f| f.mean_us),
+                    two_16k.then_some((true, 0.5)),
+                );
+                line(
+                    format!("{dtype} {size} median tbrdma / TCP ring"),
+                    ratio(tcp, |f| f.median_us),
+                    None,
+                );
+            }
+        }
+        if let Some(floor) = get("udp-floor") {
+            line(
+                format!("{dtype} {size} median tbrdma / UDP floor"),
+                ratio(floor, |f| f.median_us),
+                two_16k.then_some((true, 3.0)),
+            );
+        }
+        if let Some(exchange) = get("udp-exchange") {
+            line(
+                format!("{dtype} {size} median tbrdma / UDP exchange"),
+                ratio(exchange, |f| f.median_us),
+                None,
+            );
+        }
+    }
+    all_pass
+}
+
+fn main() -> ExitCode {
+    let result = parse_args().and_then(|options| run(&options));
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            println!("\nsome targets missed (see the verdicts above)");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("collbench: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
