@@ -28,16 +28,19 @@ static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 const USAGE: &str = "usage: collbench [--rounds N] [--ranks 2|4] [--dtypes f32,bf16] \
-                     [--sizes 16K,256K,64M] [--tbrdma PATH]
+                     [--sizes 16K,256K,64M] [--pause SECONDS] [--tbrdma PATH]
   Run as root. Builds a lab, runs tbrdma allreduce against the TCP ring and the UDP floors
   in every rank, alternating within each round, and prints medians, per-round ratios and
-  verdicts against issue 6's targets. Build the CLI first: cargo build --release -p tbrdma-cli.";
+  verdicts against issue 6's targets. Build the CLI first: cargo build --release -p tbrdma-cli.
+  --pause S sleeps S seconds before every run: a VM that throttles sustained load (this
+  project's does after a few seconds of busy-polling) then measures every run unthrottled.";
 
 struct Options {
     rounds: usize,
     ranks: usize,
     dtypes: Vec<String>,
     sizes: Vec<String>,
+    pause: std::time::Duration,
     tbrdma: PathBuf,
 }
 
@@ -47,6 +50,7 @@ fn parse_args() -> anyhow::Result<Options> {
         ranks: 2,
         dtypes: vec!["f32".into(), "bf16".into()],
         sizes: vec!["16K".into(), "256K".into(), "64M".into()],
+        pause: std::time::Duration::ZERO,
         tbrdma: std::env::current_exe()?.with_file_name("tbrdma"),
     };
     let mut args = std::env::args().skip(1);
@@ -61,6 +65,11 @@ fn parse_args() -> anyhow::Result<Options> {
             "--dtypes" => options.dtypes = value()?.split(',').map(String::from).collect(),
             "--sizes" => options.sizes = value()?.split(',').map(String::from).collect(),
             "--tbrdma" => options.tbrdma = value()?.into(),
+            "--pause" => {
+                let secs: f64 = value()?.parse().context("--pause")?;
+                options.pause = std::time::Duration::try_from_secs_f64(secs)
+                    .map_err(|_| anyhow!("--pause {secs}: use a number of seconds, 0 or more"))?;
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -229,9 +238,10 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     println!(
         "# lab {name}: {} ranks ({topology:?}), one veth cable per neighbour, MTU 65520; every rank \
          one unpinned process busy-polling (caller progress), {} ranks on {cores} cores; \
-         load average {}",
+         {:.1} s pause before each run; load average {}",
         options.ranks,
         options.ranks,
+        options.pause.as_secs_f64(),
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
             .split(' ')
@@ -282,6 +292,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
                     .map(String::from)
                     .to_vec();
                     port = if port > 60_000 { 22_000 } else { port + 40 };
+                    std::thread::sleep(options.pause);
                     let figures = run_case(options, &name, &args, port)?;
                     results[case].2[t].1.push(figures);
                 }
