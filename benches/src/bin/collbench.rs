@@ -32,8 +32,9 @@ const USAGE: &str = "usage: collbench [--rounds N] [--ranks 2|4] [--dtypes f32,b
   Run as root. Builds a lab, runs tbrdma allreduce against the TCP ring and the UDP floors
   in every rank, alternating within each round, and prints medians, per-round ratios and
   verdicts against issue 6's targets. Build the CLI first: cargo build --release -p tbrdma-cli.
-  --pause S sleeps S seconds before every run: a VM that throttles sustained load (this
-  project's does after a few seconds of busy-polling) then measures every run unthrottled.";
+  --pause S sleeps S seconds before every run, so that a VM that slows down under sustained
+  load (this project's seems to, after a few seconds of busy-polling) measures every run at
+  full speed.";
 
 struct Options {
     rounds: usize,
