@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, anyhow, bail};
 use serde_json::Value;
+use tbrdma_benches::LabGuard;
 use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
 
 /// Rank processes alive, killed on a signal.
@@ -100,20 +101,6 @@ fn bytes_of(size: &str) -> anyhow::Result<usize> {
         "K" | "k" => n << 10,
         _ => n << 20,
     })
-}
-
-/// The lab exists while this lives.
-struct LabGuard {
-    name: String,
-}
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        match lab::down(&self.name) {
-            Ok(_) => eprintln!("lab {} taken down", self.name),
-            Err(e) => eprintln!("collbench: taking lab {} down: {e}", self.name),
-        }
-    }
 }
 
 /// One transport's figures for one case in one round, from rank 0's JSON row.
@@ -225,7 +212,10 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     } else {
         LabTopology::Ring
     };
-    let guard = LabGuard { name: name.clone() };
+    let guard = LabGuard {
+        name: name.clone(),
+        tool: "collbench",
+    };
     lab::up(&LabOptions {
         name: name.clone(),
         ranks: options.ranks,

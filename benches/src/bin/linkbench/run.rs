@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail, ensure};
 use nix::sys::signal::{SigSet, Signal, kill};
 use nix::unistd::Pid;
+use tbrdma_benches::LabGuard;
 use tbrdma_netdev::hostfile::Hostfile;
 use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
 use tbrdma_verbs::EngineKind;
@@ -37,20 +38,6 @@ const SERVER_EXIT: Duration = Duration::from_secs(10);
 /// Children alive, for the signal watcher.
 static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-/// The lab exists while this lives.
-struct LabGuard {
-    name: String,
-}
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        match lab::down(&self.name) {
-            Ok(_) => eprintln!("lab {} taken down", self.name),
-            Err(e) => eprintln!("linkbench: taking lab {} down: {e}", self.name),
-        }
-    }
-}
 
 fn kill_children() {
     let pids = CHILDREN.lock().map(|c| c.clone()).unwrap_or_default();
@@ -308,7 +295,10 @@ pub fn parent(options: &Options) -> anyhow::Result<()> {
     let load_before = load_average();
     let started = Instant::now();
     eprintln!("creating lab {name}: two namespaces, one veth pair, MTU 65520");
-    let guard = LabGuard { name: name.clone() };
+    let guard = LabGuard {
+        name: name.clone(),
+        tool: "linkbench",
+    };
     let path = lab::up(&LabOptions {
         name: name.clone(),
         ranks: 2,
