@@ -357,6 +357,17 @@ fn divide_lane<L: Lane>(buf: &mut [u8], n: usize) {
     }
 }
 
+/// Runs `half_float::$f` for the 16-bit float `$dtype`: the bf16 kernel or the f16 one.
+macro_rules! half {
+    ($dtype:expr, $f:ident($($arg:expr),*)) => {
+        if $dtype == DType::Bf16 {
+            half_float::$f::<true>($($arg),*)
+        } else {
+            half_float::$f::<false>($($arg),*)
+        }
+    };
+}
+
 /// Runs the lane kernel `$f` for `$dtype`, or `$half` for the 16-bit floats, which have kernels
 /// of their own ([`crate::half_float`]).
 macro_rules! dispatch {
@@ -386,11 +397,7 @@ pub fn combine(dtype: DType, op: ReduceOp, acc: &mut [u8], x: &[u8]) {
 fn combine_form(dtype: DType, op: ReduceOp, form: Form, acc: &mut [u8], x: &[u8]) {
     dispatch!(
         dtype,
-        if dtype == DType::Bf16 {
-            half_float::combine::<true>(op, acc, x)
-        } else {
-            half_float::combine::<false>(op, acc, x)
-        },
+        half!(dtype, combine(op, acc, x)),
         combine_lane,
         op,
         form,
@@ -404,11 +411,7 @@ pub(crate) fn combine_into(dtype: DType, op: ReduceOp, out: &mut [u8], a: &[u8],
     debug_assert!(out.len() == a.len() && a.len() == b.len());
     dispatch!(
         dtype,
-        if dtype == DType::Bf16 {
-            half_float::combine3::<true>(op, out, a, b)
-        } else {
-            half_float::combine3::<false>(op, out, a, b)
-        },
+        half!(dtype, combine3(op, out, a, b)),
         combine3_lane,
         op,
         out,
@@ -421,11 +424,7 @@ pub(crate) fn combine_into(dtype: DType, op: ReduceOp, out: &mut [u8], a: &[u8],
 pub fn finish_avg(dtype: DType, buf: &mut [u8], world: usize) {
     dispatch!(
         dtype,
-        if dtype == DType::Bf16 {
-            half_float::divide::<true>(buf, world)
-        } else {
-            half_float::divide::<false>(buf, world)
-        },
+        half!(dtype, divide(buf, world)),
         divide_lane,
         buf,
         world
@@ -526,11 +525,7 @@ pub(crate) fn fold_ranks(
             } else {
                 1.0
             };
-            if dtype == DType::Bf16 {
-                half_float::narrow::<true>(divisor, out, wide)
-            } else {
-                half_float::narrow::<false>(divisor, out, wide)
-            }
+            half!(dtype, narrow(divisor, out, wide));
             return;
         }
         _ => {}
