@@ -150,6 +150,10 @@ pub struct PayloadRef {
     pub offset: u64,
     /// How many bytes.
     pub len: usize,
+    /// The bytes start the local buffer of a request this side posted (the first datagram of
+    /// a SEND, WRITE or WRITE_WITH_IMM, not a READ response): what a send headroom is in
+    /// front of.
+    pub starts_request: bool,
 }
 
 /// A datagram from [`Connection::poll_transmit_gather`].

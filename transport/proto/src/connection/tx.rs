@@ -416,6 +416,7 @@ impl TxStream {
                 region: source.region,
                 offset: source.offset + seg.offset,
                 len: payload_len,
+                starts_request: seg.offset == 0 && !matches!(ext, Ext::ReadResponse(_)),
             };
             if payload_len > 0 && payload_len >= gather_from {
                 wire::seal_parts(&mut buf[..header_len], |feed| {

@@ -232,3 +232,43 @@ fn decode_ext(r: &mut Reader<'_>, opcode: Opcode, payload: &[u8]) -> Result<Ext,
         Opcode::KeepAlive => Ext::KeepAlive,
     })
 }
+
+/// Where a WRITE or WRITE_WITH_IMM datagram asks its payload to be placed, as its header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteTarget {
+    /// Queue pair number at the receiver.
+    pub dest_qpn: u32,
+    /// Remote key of the target region.
+    pub rkey: u32,
+    /// Address of this datagram's first payload byte (the message's address plus the
+    /// segment's offset).
+    pub addr: u64,
+    /// Payload bytes the header declares.
+    pub payload_len: usize,
+}
+
+/// Reads [`WriteTarget`] from the first [`super::MAX_HEADER_LEN`] bytes of a datagram, checking
+/// nothing but the magic, version and opcode (not the CRC, which covers bytes not looked at):
+/// for choosing where a datagram is received, never for believing anything about it, which
+/// [`decode`] alone decides.
+pub fn peek_write_target(head: &[u8]) -> Option<WriteTarget> {
+    let head = head.get(..super::MAX_HEADER_LEN)?;
+    let opcode = Opcode::from_u8(head[3])?;
+    if head[..2] != MAGIC || head[2] != VERSION || opcode.ext_len() != super::MAX_EXT_LEN {
+        return None;
+    }
+    if !matches!(opcode, Opcode::Write | Opcode::WriteWithImm) {
+        return None;
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().expect("4 bytes"));
+    let u64_at = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().expect("8 bytes"));
+    // Offsets as `write_header` lays them out: the common header's queue pair number and
+    // payload length, then the segment (first PSN, immediate, offset, message length) and the
+    // remote buffer (rkey, 4 bytes of padding, address).
+    Some(WriteTarget {
+        dest_qpn: u32_at(16),
+        rkey: u32_at(56),
+        addr: u64_at(64).wrapping_add(u64_at(40)),
+        payload_len: usize::from(u16::from_le_bytes([head[30], head[31]])),
+    })
+}

@@ -10,7 +10,7 @@ mod decode;
 mod encode;
 mod opcode;
 
-pub use decode::{DecodeError, Packet, decode};
+pub use decode::{DecodeError, Packet, WriteTarget, decode, peek_write_target};
 pub use encode::{crc_of, crc_of_parts, seal, seal_parts, write_header};
 pub use opcode::{ErrorCode, NakCode, Opcode};
 

@@ -221,3 +221,32 @@ fn a_crc_over_parts_equals_the_crc_of_the_whole() {
         }
     }
 }
+
+#[test]
+fn peek_write_target_reads_what_write_header_wrote_and_nothing_else() {
+    for (ext, payload) in sample_exts() {
+        let datagram = encode(&ext, &payload);
+        let peeked = peek_write_target(&datagram);
+        match ext {
+            Ext::Write(seg, remote) | Ext::WriteWithImm(seg, remote) => {
+                let expected = WriteTarget {
+                    dest_qpn: 42,
+                    rkey: remote.rkey,
+                    addr: remote.addr + seg.offset,
+                    payload_len: payload.len(),
+                };
+                assert_eq!(peeked, Some(expected), "{ext:?}");
+                // The first header bytes alone are enough; fewer are not.
+                assert_eq!(
+                    peek_write_target(&datagram[..MAX_HEADER_LEN]),
+                    Some(expected)
+                );
+                assert_eq!(peek_write_target(&datagram[..MAX_HEADER_LEN - 1]), None);
+                let mut bad = datagram.clone();
+                bad[0] ^= 1;
+                assert_eq!(peek_write_target(&bad), None, "bad magic");
+            }
+            _ => assert_eq!(peeked, None, "{ext:?} is not a write"),
+        }
+    }
+}
