@@ -279,6 +279,12 @@ impl Buffer {
 pub struct Arena {
     table: MemoryTable,
     buffers: Vec<Option<Arc<Buffer>>>,
+    /// A range some datagram may be received into (a landing zone, see
+    /// [`crate::io::Landing`]), and whether a placement has written into it since it was set.
+    watch: Option<(RegionId, std::ops::Range<usize>)>,
+    watch_hit: bool,
+    /// Placements found already in place since [`Self::take_in_place`].
+    in_place: u64,
 }
 
 impl Arena {
@@ -287,6 +293,9 @@ impl Arena {
         Arena {
             table: MemoryTable::new(seed),
             buffers: Vec::new(),
+            watch: None,
+            watch_hit: false,
+            in_place: 0,
         }
     }
 
@@ -327,6 +336,24 @@ impl Arena {
     }
 }
 
+impl Arena {
+    /// Starts watching `range` of `region` for placements (`None`: stops).
+    pub fn watch(&mut self, range: Option<(RegionId, std::ops::Range<usize>)>) {
+        self.watch = range;
+        self.watch_hit = false;
+    }
+
+    /// Whether a placement wrote into the watched range since [`Self::watch`].
+    pub fn watch_hit(&self) -> bool {
+        self.watch_hit
+    }
+
+    /// How many placements found their bytes already in place since the last call.
+    pub fn take_in_place(&mut self) -> u64 {
+        std::mem::take(&mut self.in_place)
+    }
+}
+
 impl Memory for Arena {
     fn table(&self) -> &MemoryTable {
         &self.table
@@ -340,7 +367,17 @@ impl Memory for Arena {
 
     fn write(&mut self, region: RegionId, offset: u64, data: &[u8]) {
         if let Some(Some(buffer)) = self.buffers.get(region.0 as usize) {
-            buffer.write(offset as usize, data);
+            let offset = offset as usize;
+            if let Some((watched, range)) = &self.watch {
+                let end = offset.saturating_add(data.len());
+                self.watch_hit |= *watched == region && offset < range.end && range.start < end;
+            }
+            if data.as_ptr() == buffer.ptr_at(offset) && offset + data.len() <= buffer.len() {
+                // Received straight into its place (a landing zone): nothing to copy.
+                self.in_place += 1;
+                return;
+            }
+            buffer.write(offset, data);
         }
     }
 

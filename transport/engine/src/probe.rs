@@ -276,7 +276,7 @@ fn probe_multishot() -> Result<String, String> {
     let mut got = 0;
     while got == 0 && Instant::now() < deadline {
         got += io
-            .recv(&mut |_, _| {})
+            .recv(&mut None, &mut |_, _| {})
             .map_err(|e| format!("multishot recvmsg: {e}"))?;
         if got == 0 {
             // The sender's socket stands in for the wake descriptor: it never becomes readable.

@@ -11,11 +11,12 @@
 //!   NCCL's proxy thread and 2-core machines want: one spinning thread per process.
 //!
 //! In caller mode a small *keeper* thread stands in for an application that has stopped
-//! calling: when nobody entered the engine for [`KEEPER_HOLD`] it sends the acknowledgements
-//! still held (below), so that the peer's requests complete. It blocks on a timer that the
-//! application's polls push forward (every [`KEEPER_KICK`] at most), so while the application
-//! keeps polling the keeper never wakes, and once it stops the timer runs out. The keeper never
-//! receives, and runs in `SCHED_BATCH` so that waking up never preempts a polling thread.
+//! calling: when nobody entered the engine for a while (600 µs at most) it sends the acknowledgements
+//! still held (below), so that the peer's requests complete. It blocks on a periodic timer
+//! (every [`KEEPER_HOLD`]) that the application's first poll arms and that the keeper disarms
+//! when it finds the application gone and nothing held; a polling application makes no system
+//! call for it. The keeper never receives, and runs in `SCHED_BATCH` so that waking up never
+//! preempts a polling thread.
 //!
 //! Acknowledgement hold (caller mode, [`EngineConfig::hold_acks`]): the ACK of a message whose
 //! completion was just delivered is not sent in that same call; the application's next poll
@@ -42,7 +43,7 @@ use tbrdma_proto::connection::ConnectParams;
 use tbrdma_proto::{Config, Connection, Event, Queue, RegionId, Time, WorkCompletion};
 
 use crate::cq::{Completion, CqShared};
-use crate::io::{DatagramIo, EngineKind, RegionPart, TxBatch, open as open_io};
+use crate::io::{DatagramIo, EngineKind, Landing, RegionPart, TxBatch, open as open_io};
 use crate::memory::Arena;
 
 /// Who runs the progress loop.
@@ -110,17 +111,26 @@ pub struct EngineConfig {
 /// fast path) and everything from a page-ish payload up skips the copy.
 pub const DEFAULT_GATHER_THRESHOLD: Option<usize> = Some(1024);
 
-/// Caller mode: the keeper sends held acknowledgements when the application has not entered
-/// the engine for this long (well inside the peer's smallest retransmission timeout of 1 ms).
+/// Bytes in front of a send payload that a queue pair with [`Slot::send_headroom`] lets the
+/// engine write: the largest datagram header, which then goes out from the region together with
+/// its payload, as one contiguous buffer. On veth a single iovec sends a 16 KiB datagram about
+/// 0.2 µs faster than the header and the payload as two (docs/performance.md).
+pub const SEND_HEADROOM: usize = tbrdma_proto::wire::MAX_HEADER_LEN;
+
+/// Caller mode: period of the keeper's alarm while it is armed. Held acknowledgements go out at
+/// most `KEEPER_HOLD + KEEPER_AWAY` (600 µs) after the application's last poll, well inside
+/// the peer's smallest retransmission timeout of 1 ms.
 pub const KEEPER_HOLD: Duration = Duration::from_micros(500);
-/// Caller mode: a poll pushes the keeper's timer out to [`KEEPER_HOLD`] from now when it last
-/// did so at least this long ago: one `timerfd_settime` per 250 µs of polling (well under 1 % of
-/// a polling thread's time). Before, the keeper slept on its own clock and woke every 500 µs
-/// while the application polled (and every 20 ms when it was idle), a third thread switched in
-/// on cores that two busy-polling ranks keep full: a pair of ranks running 16 KiB all-reduces
-/// made 2088 voluntary context switches a second, 18 with the timer pushed (the all-reduce's
-/// mean and p99 did not move measurably on the noisy 2-core VM; docs/performance.md).
-pub const KEEPER_KICK: Duration = Duration::from_micros(250);
+/// Caller mode: the keeper counts the application as gone when it has not polled for this long.
+const KEEPER_AWAY: Duration = Duration::from_micros(100);
+// Caller mode, how the keeper's alarm is kept: a periodic timerfd, armed by the application's
+// first poll after the keeper parked and disarmed when the keeper finds the application gone
+// and nothing held (both under the state lock). A polling application makes no system call for
+// the keeper: setting a timer costs 6.4 µs on this VM (a timer-programming exit), and polls
+// that pushed a one-shot alarm out every 250 µs made about one 16 KiB all-reduce in twenty
+// ~11 µs slower (mean 9.85 µs for a median of 8.87; docs/performance.md); a keeper re-arming
+// its own one-shot alarm on each wake-up cost about half that. The keeper wakes once per
+// `KEEPER_HOLD` while the application polls, usually while a waiting rank yields its core.
 /// Upper bound written into each connection's [`Config::ack_hold`] in caller mode; in practice
 /// the next poll or the keeper releases the hold much sooner.
 const CALLER_ACK_HOLD: Duration = Duration::from_millis(1);
@@ -150,6 +160,8 @@ pub struct EngineStats {
     pub busy_iterations: u64,
     /// Times the engine thread went to sleep.
     pub sleeps: u64,
+    /// Payloads received straight into their place (a landing zone, see [`Landing`]).
+    pub landed_in_place: u64,
 }
 
 /// One connection and where its completions go.
@@ -173,6 +185,13 @@ pub struct Slot {
     pub rq_regions: VecDeque<Option<RegionId>>,
     /// The application dropped its queue pair: remove the slot once it has nothing to send.
     pub detached: bool,
+    /// Receive-queue completions delivered so far (a landing zone is valid only for an
+    /// application that has seen them all, see [`State::set_landing`]).
+    pub recv_completions: u64,
+    /// The application promised that the [`SEND_HEADROOM`] bytes in front of every send
+    /// payload of this queue pair are its to write while the request is outstanding: gathered
+    /// datagrams then have their header written there and leave as one buffer.
+    pub send_headroom: bool,
 }
 
 /// Everything the loop and the application share, behind one lock.
@@ -200,6 +219,10 @@ pub struct State {
     /// Payloads of at least this many bytes are sent from their region in place
     /// ([`EngineConfig::gather_threshold`]; `usize::MAX`: never).
     gather_from: usize,
+    /// Where the next datagram may be received (one zone per engine: the collectives open a
+    /// device per neighbour), and the protection domain of its region.
+    landing: Option<Landing>,
+    landing_pd: usize,
 }
 
 /// A rail socket's association. A socket whose connections all talk to one peer is connected
@@ -287,6 +310,42 @@ impl State {
         }
     }
 
+    /// Lends the engine a landing zone (see [`Landing`]) for queue pair `landing.qpn`, whose
+    /// application has seen `seen` of its receive completions, in protection domain `pd`.
+    /// Refused (returns false) when that count is behind the engine's: writes the application
+    /// has not seen yet may lie in the zone. With `None`, takes back any zone lent.
+    pub fn set_landing(&mut self, pd: usize, landing: Option<Landing>, seen: u64) -> bool {
+        self.clear_landing();
+        let Some(landing) = landing else {
+            return true;
+        };
+        if self
+            .conns
+            .get(&landing.qpn)
+            .is_none_or(|slot| slot.recv_completions != seen || slot.detached)
+        {
+            return false;
+        }
+        let zone = landing.zone.offset()..landing.zone.offset() + landing.zone.len();
+        self.arenas[pd].watch(Some((landing.region, zone)));
+        self.landing = Some(landing);
+        self.landing_pd = pd;
+        true
+    }
+
+    /// Takes back the landing zone lent for queue pair `qpn`, if that is whose it is.
+    pub fn forget_landing_of(&mut self, qpn: u32) {
+        if self.landing.as_ref().is_some_and(|l| l.qpn == qpn) {
+            self.clear_landing();
+        }
+    }
+
+    fn clear_landing(&mut self) {
+        if self.landing.take().is_some() {
+            self.arenas[self.landing_pd].watch(None);
+        }
+    }
+
     /// Counts one more outstanding request naming `region`.
     pub fn use_region(&mut self, pd: usize, region: Option<RegionId>) {
         use_region(&mut self.region_users, pd, region);
@@ -299,11 +358,14 @@ impl State {
             conns,
             arenas,
             stats,
+            landing,
+            landing_pd,
             ..
         } = self;
         let mut received = 0;
         for (rail, io) in rails.iter_mut().enumerate() {
-            received += io.recv(&mut |data, from| {
+            let lent = landing.is_some();
+            received += io.recv(landing, &mut |data: &[u8], from| {
                 let qpn = data
                     .get(16..20)
                     .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
@@ -315,6 +377,14 @@ impl State {
                     _ => stats.foreign_datagrams += 1,
                 }
             })?;
+            // A write placed into the zone (received there, or copied in) ends the loan, and
+            // so does a datagram too long for it (the backend dropped the zone).
+            if lent && (landing.is_none() || arenas[*landing_pd].watch_hit()) {
+                *landing = None;
+                let arena = &mut arenas[*landing_pd];
+                stats.landed_in_place += arena.take_in_place();
+                arena.watch(None);
+            }
         }
         let deadline_due = self.next_deadline.is_some_and(|d| d <= now);
         if deadline_due {
@@ -351,6 +421,8 @@ impl State {
             region_users,
             tx,
             gather_from,
+            landing,
+            landing_pd,
             ..
         } = self;
         let gather_from = *gather_from;
@@ -371,9 +443,22 @@ impl State {
                 };
                 // A gathered datagram's payload is sent from its region, which the batch holds
                 // on to until the datagram has left.
+                let mut head_len = t.len;
                 let part = match t.payload {
                     None => None,
                     Some(p) => match arena.buffer(p.region) {
+                        Some(buffer)
+                            if slot.send_headroom
+                                && p.starts_request
+                                && t.len <= p.offset as usize =>
+                        {
+                            // The header goes in front of the payload, in the headroom the
+                            // application lent: one contiguous datagram in the region.
+                            let start = p.offset as usize - t.len;
+                            buffer.write(start, &buf[..t.len]);
+                            head_len = 0;
+                            Some(RegionPart::new(Arc::clone(buffer), start, t.len + p.len))
+                        }
                         Some(buffer) => Some(RegionPart::new(
                             Arc::clone(buffer),
                             p.offset as usize,
@@ -389,7 +474,7 @@ impl State {
                     },
                 };
                 let path = t.path.min(slot.peers.len() - 1);
-                first.commit_parts(t.len, slot.peers[path], part);
+                first.commit_parts(head_len, slot.peers[path], part);
                 if path > 0 {
                     first.move_last_to(&mut others[path - 1]);
                 }
@@ -397,7 +482,19 @@ impl State {
             while let Some(wc) = slot.conn.poll_completion() {
                 let (cq, regions) = match wc.queue {
                     Queue::Send => (&slot.send_cq, &mut slot.sq_regions),
-                    Queue::Recv => (&slot.recv_cq, &mut slot.rq_regions),
+                    Queue::Recv => {
+                        slot.recv_completions += 1;
+                        // The application has not seen this completion yet: its landing
+                        // zone may be where the write went.
+                        if landing
+                            .as_ref()
+                            .is_some_and(|l| l.qpn == slot.conn.params().local_qpn)
+                        {
+                            *landing = None;
+                            arenas[*landing_pd].watch(None);
+                        }
+                        (&slot.recv_cq, &mut slot.rq_regions)
+                    }
                 };
                 release_region(region_users, slot.pd, regions.pop_front().flatten());
                 cq.push(Completion {
@@ -415,6 +512,13 @@ impl State {
         }
         // Dropped queue pairs whose CLOSE is now in the batch leave the table.
         conns.retain(|_, slot| !slot.detached);
+        if landing
+            .as_ref()
+            .is_some_and(|l| !conns.contains_key(&l.qpn))
+        {
+            *landing = None;
+            arenas[*landing_pd].watch(None);
+        }
         for (rail, batch) in tx.iter_mut().enumerate() {
             if !batch.is_empty() {
                 rails[rail].send(batch)?;
@@ -467,10 +571,11 @@ struct Shared {
     /// Caller mode: when the application last entered the loop (nanoseconds of [`Shared::now`]),
     /// so the keeper can tell whether it is still polling.
     last_entry: AtomicU64,
-    /// Caller mode: the keeper's alarm, which the application's polls push forward.
+    /// Caller mode: the keeper's alarm.
     keeper_timer: Option<TimerFd>,
-    /// When a poll last pushed `keeper_timer` (nanoseconds of [`Shared::now`]).
-    last_kick: AtomicU64,
+    /// Caller mode: whether the alarm is set (or the keeper is checking); false once the keeper
+    /// parked, when the next poll must arm it. Changed only under the state lock.
+    keeper_armed: AtomicBool,
 }
 
 impl Shared {
@@ -487,11 +592,20 @@ impl Shared {
         let mut ran = false;
         let held = self.with_rails(|state, rails, now| {
             ran = true;
-            if !state.acks_held {
-                return Ok(false);
+            if state.acks_held {
+                state.release_held_acks();
+                state.flush(rails, now)?;
             }
-            state.release_held_acks();
-            state.flush(rails, now)?;
+            if !state.acks_held {
+                // Nothing left to send: park. Under the lock, so that a poll after this one
+                // sees it and arms the alarm again (after the disarming).
+                if let Some(timer) = &self.keeper_timer {
+                    if let Err(e) = timer.unset() {
+                        tracing::error!("cannot stop the keeper's timer: {e}");
+                    }
+                }
+                self.keeper_armed.store(false, Ordering::Relaxed);
+            }
             Ok(state.acks_held)
         })?;
         Ok(held || !ran)
@@ -515,11 +629,17 @@ impl Shared {
             // The keeper reads this to tell whether the application is still polling. (When
             // another thread holds the rails, that thread's call records the time instead.)
             self.last_entry.store(now.0, Ordering::Relaxed);
-            // And the keeper sleeps on: its alarm goes off `KEEPER_HOLD` after a recent poll.
-            let kicked = self.last_kick.load(Ordering::Relaxed);
-            if now.0.saturating_sub(kicked) >= KEEPER_KICK.as_nanos() as u64 || kicked == 0 {
-                self.last_kick.store(now.0.max(1), Ordering::Relaxed);
-                self.arm_keeper(KEEPER_HOLD);
+            // A parked keeper needs its alarm set; an armed one re-arms itself.
+            if !self.keeper_armed.load(Ordering::Relaxed) {
+                self.keeper_armed.store(true, Ordering::Relaxed);
+                if let Some(timer) = &self.keeper_timer {
+                    let every = TimeSpec::from_duration(KEEPER_HOLD);
+                    if let Err(e) =
+                        timer.set(Expiration::Interval(every), TimerSetTimeFlags::empty())
+                    {
+                        tracing::error!("cannot set the keeper's timer: {e}");
+                    }
+                }
             }
             state.release_held_acks();
             state.run_once(rails, now)
@@ -641,6 +761,8 @@ impl Engine {
                 binds.len()
             ],
             gather_from: config.gather_threshold.unwrap_or(usize::MAX),
+            landing: None,
+            landing_pd: 0,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -657,7 +779,7 @@ impl Engine {
                 )?),
                 Progress::Thread => None,
             },
-            last_kick: AtomicU64::new(0),
+            keeper_armed: AtomicBool::new(false),
         });
         let (kind, fallback, worker) = match config.progress {
             Progress::Caller => {
@@ -911,9 +1033,12 @@ fn keeper_thread(shared: Arc<Shared>) {
     let Some(timer) = &shared.keeper_timer else {
         return;
     };
-    let hold = KEEPER_HOLD.as_nanos() as u64;
+    // While armed the alarm rings every `KEEPER_HOLD`; a check finds the application gone
+    // when it has not polled for `KEEPER_AWAY`, so held acknowledgements go out at most
+    // `KEEPER_HOLD + KEEPER_AWAY` after its last poll.
+    let away_ns = KEEPER_AWAY.as_nanos() as u64;
     loop {
-        // Unarmed (nothing polled since the last flush) this waits until a poll arms it.
+        // Parked (disarmed) this waits until a poll arms the alarm.
         if let Err(e) = timer.wait() {
             tracing::error!("the keeper's timer failed: {e}");
             std::thread::sleep(KEEPER_HOLD);
@@ -922,22 +1047,11 @@ fn keeper_thread(shared: Arc<Shared>) {
             return;
         }
         let now = shared.now().0;
-        let away = now.saturating_sub(shared.last_entry.load(Ordering::Relaxed));
-        if away < hold {
-            // The application polled after the alarm was set: come back when a hold it leaves
-            // now could have lasted `KEEPER_HOLD` (its next kick may push that further).
-            shared.arm_keeper(Duration::from_nanos(hold - away));
+        if now.saturating_sub(shared.last_entry.load(Ordering::Relaxed)) < away_ns {
             continue;
         }
-        match shared.flush_held_acks() {
-            // Some could not go out: try again.
-            Ok(true) => shared.arm_keeper(KEEPER_HOLD),
-            // Nothing more can be held until the application polls again, and that arms us.
-            Ok(false) => {}
-            Err(e) => {
-                tracing::error!("engine I/O failed: {e}");
-                shared.arm_keeper(KEEPER_HOLD);
-            }
+        if let Err(e) = shared.flush_held_acks() {
+            tracing::error!("engine I/O failed: {e}");
         }
     }
 }
@@ -982,6 +1096,8 @@ pub fn new_slot(
         sq_regions: VecDeque::new(),
         rq_regions: VecDeque::new(),
         detached: false,
+        recv_completions: 0,
+        send_headroom: false,
     }
 }
 

@@ -83,7 +83,7 @@ fn receive_all(rx: &mut dyn DatagramIo, expected: &mut HashMap<Vec<u8>, usize>, 
             expected.len()
         );
         let mut wrong = Vec::new();
-        rx.recv(&mut |bytes, src| {
+        rx.recv(&mut None, &mut |bytes: &[u8], src| {
             if src != from {
                 wrong.push(format!(
                     "datagram of {} bytes from {src}, expected {from}",
@@ -294,7 +294,9 @@ fn wait_returns_when_data_is_already_there() {
         while got == 0 {
             rx.wait(HANG_GUARD, wake.as_fd()).unwrap();
             got += rx
-                .recv(&mut |bytes, _| assert_eq!(bytes, b"ready"))
+                .recv(&mut None, &mut |bytes: &[u8], _| {
+                    assert_eq!(bytes, b"ready")
+                })
                 .unwrap();
         }
     }
@@ -316,7 +318,9 @@ fn wait_returns_when_data_arrives_later() {
         while got == 0 {
             rx.wait(HANG_GUARD, wake.as_fd()).unwrap();
             got += rx
-                .recv(&mut |bytes, _| assert_eq!(bytes, b"later"))
+                .recv(&mut None, &mut |bytes: &[u8], _| {
+                    assert_eq!(bytes, b"later")
+                })
                 .unwrap();
         }
         sender.join().unwrap();
@@ -352,7 +356,11 @@ fn wait_returns_on_timeout() {
         let (wake, _keep) = idle_wake();
         rx.wait(Duration::from_millis(10), wake.as_fd()).unwrap();
         rx.wait(Duration::ZERO, wake.as_fd()).unwrap();
-        assert_eq!(rx.recv(&mut |_, _| panic!("nothing was sent")).unwrap(), 0);
+        assert_eq!(
+            rx.recv(&mut None, &mut |_, _| panic!("nothing was sent"))
+                .unwrap(),
+            0
+        );
     }
 }
 
@@ -474,7 +482,8 @@ fn a_uring_ring_opened_on_one_thread_receives_when_polled_on_another() {
         let deadline = Instant::now() + HANG_GUARD;
         let mut got = Vec::new();
         while got.is_empty() {
-            rx.recv(&mut |data, _| got.extend_from_slice(data)).unwrap();
+            rx.recv(&mut None, &mut |data, _| got.extend_from_slice(data))
+                .unwrap();
             assert!(
                 Instant::now() < deadline,
                 "the poller never saw the datagram"

@@ -93,6 +93,12 @@ pub enum VerbsError {
         /// How long deregistration waited.
         waited: Duration,
     },
+    /// A landing zone that cannot be lent as asked.
+    #[error("cannot lend that landing zone: {detail}")]
+    BadLanding {
+        /// What is wrong and how to fix it.
+        detail: String,
+    },
     /// Memory could not be allocated or pinned.
     #[error(transparent)]
     Memory(#[from] tbrdma_engine::memory::MemoryError),

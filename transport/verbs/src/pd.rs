@@ -86,6 +86,21 @@ impl MemoryRegion {
         self.buffer.len()
     }
 
+    /// The bytes behind the region, shared with the engine.
+    pub(crate) fn buffer_arc(&self) -> Arc<Buffer> {
+        Arc::clone(&self.buffer)
+    }
+
+    /// The region's id in its protection domain's table.
+    pub(crate) fn region_id(&self) -> tbrdma_proto::RegionId {
+        self.region.id
+    }
+
+    /// Index of its protection domain.
+    pub(crate) fn pd_index(&self) -> usize {
+        self.pd.index
+    }
+
     /// Whether it is empty (never).
     pub fn is_empty(&self) -> bool {
         self.buffer.is_empty()

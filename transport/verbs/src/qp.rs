@@ -1,5 +1,6 @@
 //! Queue pairs: posting work requests (a batch under one doorbell) and their state.
 
+use tbrdma_engine::io::{Landing, RegionPart};
 use tbrdma_engine::memory::Arena;
 use tbrdma_engine::worker::{Slot, use_region};
 use tbrdma_proto::{
@@ -105,6 +106,77 @@ impl QueuePair {
             .map_err(VerbsError::io(doing))?
     }
 
+    /// Promises (with `true`) that the [`crate::SEND_HEADROOM`] bytes in front of the local buffer
+    /// of every send this queue pair posts from now on lie in the same region and are not
+    /// used by the application, nor by another outstanding send's payload, until that send
+    /// completes: the engine then writes each datagram's header there and sends header and
+    /// payload as one buffer, which the kernel takes faster than two (the collectives' slots
+    /// are laid out for it). A broken promise corrupts what the application keeps there, or
+    /// another send's data (which then fails its checksum at the peer and is retried until the
+    /// request fails); it is never unsound. Off by default.
+    pub fn set_send_headroom(&self, on: bool) -> Result<()> {
+        let qp_num = self.qp_num;
+        let mut state = self.device.inner.engine.lock();
+        let slot = state.conns.get_mut(&qp_num).ok_or(VerbsError::QpFailed {
+            qp_num,
+            reason: "closed".into(),
+        })?;
+        slot.send_headroom = on;
+        Ok(())
+    }
+
+    /// Lends the engine the bytes of `mr` from `offset - SEND_HEADROOM` to `offset + len`
+    /// for receiving the write it expects next: a WRITE or WRITE_WITH_IMM on this queue pair
+    /// whose payload starts at `mr.remote(offset)`. When that write arrives the kernel puts its
+    /// payload straight where it belongs and the engine copies nothing (any other datagram
+    /// received there is copied out and handled as usual). The loan lasts until a write is
+    /// placed into those bytes or this queue pair completes its next receive, whichever comes
+    /// first; the application must not read or write the bytes meanwhile (the header's room in
+    /// front is overwritten even when no write comes).
+    ///
+    /// `seen` is how many receive completions of this queue pair the application has polled:
+    /// when the engine has delivered more (a write the application has not seen may lie in the
+    /// zone), the loan is refused and `Ok(false)` returned. Only the sockets engine uses the
+    /// zone; the others accept it and receive as usual. One zone per device: a new loan (from
+    /// any queue pair of the device) replaces the last.
+    pub fn expect_write(
+        &self,
+        mr: &crate::MemoryRegion,
+        offset: usize,
+        len: usize,
+        seen: u64,
+    ) -> Result<bool> {
+        let head = crate::SEND_HEADROOM;
+        let bad = |detail: String| Err(VerbsError::BadLanding { detail });
+        if mr.pd_index() != self.pd.index {
+            return bad("the region belongs to another protection domain".into());
+        }
+        if offset < head || offset.checked_add(len).is_none_or(|end| end > mr.len()) {
+            return bad(format!(
+                "offset {offset} + {len} bytes must lie in the region ({} bytes) with {head} bytes                  in front for the header",
+                mr.len()
+            ));
+        }
+        let qp_num = self.qp_num;
+        let mut state = self.device.inner.engine.lock();
+        let Some(slot) = state.conns.get(&qp_num) else {
+            return Err(VerbsError::QpFailed {
+                qp_num,
+                reason: "closed".into(),
+            });
+        };
+        // Room for one datagram's payload: a write of several lands its first one here.
+        let room = len.min(slot.conn.max_payload() as usize);
+        let landing = Landing {
+            qpn: qp_num,
+            zone: RegionPart::new(mr.buffer_arc(), offset - head, head + room),
+            region: mr.region_id(),
+            rkey: mr.rkey(),
+            addr: mr.remote(offset).addr,
+        };
+        Ok(state.set_landing(self.pd.index, Some(landing), seen))
+    }
+
     /// The connection's state.
     pub fn state(&self) -> ConnectionState {
         let state = self.device.inner.engine.lock();
@@ -162,6 +234,7 @@ impl Drop for QueuePair {
     fn drop(&mut self) {
         let qp_num = self.qp_num;
         let _ = self.device.inner.engine.post(|state, now| {
+            state.forget_landing_of(qp_num);
             if let Some(slot) = state.conns.get_mut(&qp_num) {
                 slot.conn.close(now);
                 // The engine removes the slot once the CLOSE has gone out.

@@ -83,6 +83,11 @@ impl RegionPart {
         self.len
     }
 
+    /// Where the part starts in its buffer.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
     /// Whether the part is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -96,6 +101,52 @@ impl RegionPart {
     /// Calls `f` with the bytes, in place.
     pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
         self.buffer.with_slice(self.offset, self.len, f)
+    }
+
+    /// Calls `f` with the first `len` bytes (at most all of them), in place.
+    pub fn with_prefix<R>(&self, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        self.buffer.with_slice(self.offset, len.min(self.len), f)
+    }
+
+    /// Address of the first byte, for an iovec the kernel writes into: valid for `len` bytes
+    /// as long as `self` lives (the mapping is writable).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.buffer.ptr_at(self.offset) as *mut u8
+    }
+}
+
+/// Where the next datagram of a socket may be received: straight into a registered region, at
+/// the place a write the application expects will put its payload, the header's bytes in front
+/// of it. When the datagram is that write, its payload is then already in place and the engine
+/// copies nothing; anything else is copied out of the zone and handled as usual. The
+/// application lends the zone (see `QueuePair::expect_write` in tbrdma-verbs) until a write
+/// lands there or the next receive completion of its queue pair.
+#[derive(Clone, Debug)]
+pub struct Landing {
+    /// The queue pair the write is for.
+    pub qpn: u32,
+    /// The bytes lent: [`tbrdma_proto::wire::MAX_HEADER_LEN`] for the header, then room for
+    /// one datagram's payload.
+    pub zone: RegionPart,
+    /// The region the zone lies in, for watching placements into it.
+    pub region: tbrdma_proto::RegionId,
+    /// Remote key and address of the zone's first payload byte, as the peer names them.
+    pub rkey: u32,
+    /// See `rkey`.
+    pub addr: u64,
+}
+
+impl Landing {
+    /// Whether the `len`-byte datagram that starts with `head` is the expected write, so that
+    /// its payload lies where it belongs (the checksum and everything else are still checked
+    /// when it is decoded; this only decides whether to copy it out first).
+    pub fn is_expected(&self, head: &[u8], len: usize) -> bool {
+        tbrdma_proto::wire::peek_write_target(head).is_some_and(|t| {
+            t.dest_qpn == self.qpn
+                && t.rkey == self.rkey
+                && t.addr == self.addr
+                && tbrdma_proto::wire::MAX_HEADER_LEN + t.payload_len == len
+        })
     }
 }
 
@@ -214,7 +265,14 @@ pub trait DatagramIo: Send + std::fmt::Debug {
     fn send(&mut self, batch: &mut TxBatch) -> io::Result<()>;
 
     /// Hands every datagram that has arrived to `deliver`, without blocking; returns how many.
-    fn recv(&mut self, deliver: &mut dyn FnMut(&[u8], SocketAddr)) -> io::Result<usize>;
+    /// A backend may receive the first one into `landing` (see [`Landing`]), and clears it
+    /// when a datagram too long for the zone arrived there (that datagram is lost: the
+    /// protocol resends it, then through the usual buffers).
+    fn recv(
+        &mut self,
+        landing: &mut Option<Landing>,
+        deliver: &mut dyn FnMut(&[u8], SocketAddr),
+    ) -> io::Result<usize>;
 
     /// Blocks until a datagram may have arrived, `wake` became readable (another thread has
     /// work for the engine: it writes to that eventfd), or `timeout` passed. Spurious returns

@@ -971,7 +971,12 @@ impl DatagramIo for UringIo {
         first_error.map_or(Ok(()), Err)
     }
 
-    fn recv(&mut self, deliver: &mut dyn FnMut(&[u8], SocketAddr)) -> io::Result<usize> {
+    fn recv(
+        &mut self,
+        // Multishot receive picks its buffers from the ring: no landing zones here.
+        _landing: &mut Option<super::Landing>,
+        deliver: &mut dyn FnMut(&[u8], SocketAddr),
+    ) -> io::Result<usize> {
         if self.coop_shared && self.rx_armed && self.rx_owner != Some(std::thread::current().id()) {
             self.take_over_recv()?;
         }
