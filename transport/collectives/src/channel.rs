@@ -18,6 +18,17 @@ use tbrdma_verbs::{
     WcOpcode, WcStatus,
 };
 
+/// Bytes in front of every slot that belong to no slot: the engine writes a datagram's header
+/// there and sends it together with the slot's data as one buffer (see
+/// [`tbrdma_verbs::QueuePair::set_send_headroom`]). A multiple of 64 so that slots stay
+/// cache-line aligned.
+const SLOT_GAP: usize = tbrdma_verbs::SEND_HEADROOM.next_multiple_of(64);
+
+/// Bytes of a region holding `slots` slots of `slot_bytes` bytes, each after its gap.
+pub(crate) fn region_bytes(slots: usize, slot_bytes: usize) -> usize {
+    slots * (SLOT_GAP + slot_bytes)
+}
+
 /// Immediate layout: two kind bits, six bits of slots handed back (data messages), then 24 bits
 /// of payload.
 const KIND_SHIFT: u32 = 30;
@@ -83,7 +94,15 @@ pub(crate) struct Channel {
     wcs: Vec<Completion>,
     /// Zero-length receives for immediates, all alike: built once, posted as a prefix.
     recv_wrs: Vec<RecvWr>,
+    /// Receives consumed and not posted again yet (they are re-posted in batches).
+    reposts_due: usize,
+    /// Receive completions polled, for lending the next slot (see `lend_next_slot`).
+    recv_seen: u64,
 }
+
+/// Consumed receives are posted again once this many are due: one engine call per batch
+/// instead of one per message. The queue is deeper by as much.
+const REPOST_BATCH: usize = 8;
 
 impl Channel {
     /// Wraps a connected queue pair; posts the receives that immediates consume.
@@ -99,8 +118,9 @@ impl Channel {
         slot_bytes: usize,
     ) -> tbrdma_verbs::Result<Channel> {
         // At most `slots` data messages and as many credit messages can be unconsumed at once,
-        // plus an abort; twice that leaves slack for receives re-posted late.
-        let recv_depth = 2 * slots + 8;
+        // plus an abort; twice that leaves slack for receives re-posted late, and the batch
+        // for those not re-posted yet.
+        let recv_depth = 2 * slots + 8 + REPOST_BATCH;
         const POLL_BATCH: usize = 64;
         let recv_wr = RecvWr {
             wr_id: 0,
@@ -127,9 +147,13 @@ impl Channel {
             control_done: 0,
             closed: false,
             wcs: vec![Completion::default(); POLL_BATCH],
-            recv_wrs: vec![recv_wr; recv_depth.max(POLL_BATCH)],
+            recv_wrs: vec![recv_wr; recv_depth.max(POLL_BATCH + REPOST_BATCH)],
+            reposts_due: 0,
+            recv_seen: 0,
         };
         ch.post_recvs(recv_depth)?;
+        ch.qp.set_send_headroom(true)?;
+        ch.lend_next_slot();
         Ok(ch)
     }
 
@@ -197,10 +221,39 @@ impl Channel {
             }
         }
         if reposts > 0 && !self.closed {
-            self.post_recvs(reposts)
-                .map_err(|e| Fault::Failed(format!("re-posting receives: {e}")))?;
+            self.recv_seen += reposts as u64;
+            self.reposts_due += reposts;
+            if self.reposts_due >= REPOST_BATCH {
+                self.post_recvs(self.reposts_due)
+                    .map_err(|e| Fault::Failed(format!("re-posting receives: {e}")))?;
+                self.reposts_due = 0;
+            }
+            self.lend_next_slot();
         }
         Ok(n > 0)
+    }
+
+    /// Lends the engine the inbox slot the next message will be written to, when it is free,
+    /// so that the message is received straight into it (see
+    /// [`QueuePair::expect_write`]); the engine takes the loan back at the next receive
+    /// completion, after which this runs again. Only a speed-up: it fails only when the queue
+    /// pair is gone, which the next poll reports.
+    fn lend_next_slot(&self) {
+        if self.arrived_total - self.consumed < self.slots {
+            let at = self.slot_offset(self.arrived_total);
+            let lent = self
+                .qp
+                .expect_write(&self.inbox, at, self.slot_bytes, self.recv_seen);
+            debug_assert!(
+                !matches!(lent, Err(tbrdma_verbs::VerbsError::BadLanding { .. })),
+                "the slot layout leaves room for the header: {lent:?}"
+            );
+        }
+    }
+
+    /// Where message `seq`'s slot starts, in both the outbox and the peer's inbox.
+    fn slot_offset(&self, seq: u64) -> usize {
+        (seq % self.slots) as usize * (SLOT_GAP + self.slot_bytes) + SLOT_GAP
     }
 
     /// Whether a data message may be posted now (a free slot on both sides).
@@ -211,7 +264,7 @@ impl Channel {
     /// Posts `data` (at most a slot) as the next message. Call only when [`Self::can_send`].
     pub fn send(&mut self, data: &[u8]) -> Result<(), Fault> {
         debug_assert!(self.can_send() && data.len() <= self.slot_bytes);
-        let at = (self.sent % self.slots) as usize * self.slot_bytes;
+        let at = self.slot_offset(self.sent);
         if !data.is_empty() {
             self.outbox.write(at, data);
         }
@@ -273,7 +326,7 @@ impl Channel {
     /// [`Self::expect_oldest`]; the peer does not write the slot until [`Self::release_oldest`].
     pub fn view_oldest(&self, f: &mut dyn FnMut(&[u8])) {
         let len = self.peek().unwrap_or(0);
-        let at = (self.consumed % self.slots) as usize * self.slot_bytes;
+        let at = self.slot_offset(self.consumed);
         self.inbox.with_bytes(at, len, |bytes| f(bytes))
     }
 
@@ -285,6 +338,10 @@ impl Channel {
             ));
         }
         self.consumed += 1;
+        if self.arrived_total - self.consumed == self.slots - 1 {
+            // The inbox was full, so no slot was lent: the next message's is free now.
+            self.lend_next_slot();
+        }
         let owed = self.consumed - self.credited;
         if owed >= self.credit_batch {
             self.control_posted += 1;

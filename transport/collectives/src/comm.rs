@@ -270,7 +270,7 @@ impl Communicator {
             })?;
         let pd = device.alloc_pd();
         let cq = device.create_cq(8 * self.opts.slots + 256);
-        let bytes = self.opts.slots * self.opts.slot_bytes;
+        let bytes = crate::channel::region_bytes(self.opts.slots, self.opts.slot_bytes);
         let inbox = pd.alloc_mr(bytes, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
         let outbox = pd.alloc_mr(bytes, Access::LOCAL_WRITE)?;
         Ok(End {
@@ -434,7 +434,9 @@ impl Communicator {
         op: &'static str,
         mut step: impl FnMut(&mut [Option<Channel>], &mut Scratch) -> Result<Step, Fault>,
     ) -> Result<()> {
-        let mut last_progress = Instant::now();
+        // When the current idle stretch was first noticed (at its 256th round), for the timeout;
+        // progress clears it. No clock read per round: a call makes a dozen rounds or so.
+        let mut idle_since: Option<Instant> = None;
         let mut idle: u32 = 0;
         // The first step runs before the first poll: data posted then carries the
         // acknowledgements the engine still holds for the previous call's messages (a poll
@@ -468,19 +470,22 @@ impl Communicator {
                     Ok(Step::WaitingOn(peer)) => {
                         if moved {
                             idle = 0;
-                            last_progress = Instant::now();
+                            idle_since = None;
                         } else {
                             idle = idle.saturating_add(1);
                             if idle > self.opts.spin {
                                 std::thread::yield_now();
                             }
-                            if idle % 256 == 0 && last_progress.elapsed() >= self.opts.timeout {
-                                let err = CollError::Timeout {
-                                    rank: peer,
-                                    op,
-                                    after: self.opts.timeout,
-                                };
-                                return Err(self.fail(err, ABORT_SELF));
+                            if idle % 256 == 0 {
+                                let since = *idle_since.get_or_insert_with(Instant::now);
+                                if since.elapsed() >= self.opts.timeout {
+                                    let err = CollError::Timeout {
+                                        rank: peer,
+                                        op,
+                                        after: self.opts.timeout,
+                                    };
+                                    return Err(self.fail(err, ABORT_SELF));
+                                }
                             }
                         }
                         continue;
@@ -492,7 +497,7 @@ impl Communicator {
                 None => {
                     if moved {
                         idle = 0;
-                        last_progress = Instant::now();
+                        idle_since = None;
                     }
                 }
                 Some((peer, f)) => return Err(self.fault(op, peer, f)),
