@@ -13,7 +13,7 @@
 //! In caller mode a small *keeper* thread stands in for an application that has stopped
 //! calling: when nobody entered the engine for a while (600 µs at most) it sends the acknowledgements
 //! still held (below), so that the peer's requests complete. It blocks on a periodic timer
-//! (every [`KEEPER_HOLD`]) that the application's first poll arms and that the keeper disarms
+//! (every [`EngineConfig::keeper_period`]) that the application's first poll arms and that the keeper disarms
 //! when it finds the application gone and nothing held; a polling application makes no system
 //! call for it. The keeper never receives, and runs in `SCHED_BATCH` so that waking up never
 //! preempts a polling thread.
@@ -91,6 +91,11 @@ pub struct EngineConfig {
     /// application's next poll, so that a reply posted in between carries it. The keeper
     /// thread bounds the hold when the application stops calling.
     pub hold_acks: bool,
+    /// Caller mode: period of the keeper's alarm (see the module docs); held acknowledgements
+    /// go out at most this plus 100 µs after the application's last poll. Keep it under half
+    /// the peers' smallest retransmission timeout ([`Config::initial_rto`]), or an application
+    /// that pauses makes its peers retransmit for nothing.
+    pub keeper_period: Duration,
     /// Data packets whose payload is at least this many bytes are sent as gathered datagrams:
     /// the header from the engine's buffer and the payload straight from the registered region
     /// (two iovecs), saving a user-space copy of every payload byte; smaller payloads are
@@ -117,9 +122,9 @@ pub const DEFAULT_GATHER_THRESHOLD: Option<usize> = Some(1024);
 /// 0.2 µs faster than the header and the payload as two (docs/performance.md).
 pub const SEND_HEADROOM: usize = tbrdma_proto::wire::MAX_HEADER_LEN;
 
-/// Caller mode: period of the keeper's alarm while it is armed. Held acknowledgements go out at
+/// Caller mode: default of [`EngineConfig::keeper_period`]. Held acknowledgements go out at
 /// most `KEEPER_HOLD + KEEPER_AWAY` (600 µs) after the application's last poll, well inside
-/// the peer's smallest retransmission timeout of 1 ms.
+/// the peer's smallest retransmission timeout with the default [`Config::initial_rto`] of 1 ms.
 pub const KEEPER_HOLD: Duration = Duration::from_micros(500);
 /// Caller mode: the keeper counts the application as gone when it has not polled for this long.
 const KEEPER_AWAY: Duration = Duration::from_micros(100);
@@ -130,7 +135,9 @@ const KEEPER_AWAY: Duration = Duration::from_micros(100);
 // that pushed a one-shot alarm out every 250 µs made about one 16 KiB all-reduce in twenty
 // ~11 µs slower (mean 9.85 µs for a median of 8.87; docs/performance.md); a keeper re-arming
 // its own one-shot alarm on each wake-up cost about half that. The keeper wakes once per
-// `KEEPER_HOLD` while the application polls, usually while a waiting rank yields its core.
+// period while the application polls, usually while a waiting rank yields its core; each
+// wake-up is a timer interrupt and two context switches on a busy core, so connections that
+// can wait longer for held acknowledgements (the collectives) lengthen the period.
 /// Upper bound written into each connection's [`Config::ack_hold`] in caller mode; in practice
 /// the next poll or the keeper releases the hold much sooner.
 const CALLER_ACK_HOLD: Duration = Duration::from_millis(1);
@@ -147,6 +154,7 @@ impl Default for EngineConfig {
             socket_buffer: 16 << 20,
             hold_acks: true,
             gather_threshold: DEFAULT_GATHER_THRESHOLD,
+            keeper_period: KEEPER_HOLD,
         }
     }
 }
@@ -576,6 +584,8 @@ struct Shared {
     /// Caller mode: whether the alarm is set (or the keeper is checking); false once the keeper
     /// parked, when the next poll must arm it. Changed only under the state lock.
     keeper_armed: AtomicBool,
+    /// Caller mode: [`EngineConfig::keeper_period`].
+    keeper_period: Duration,
 }
 
 impl Shared {
@@ -633,7 +643,7 @@ impl Shared {
             if !self.keeper_armed.load(Ordering::Relaxed) {
                 self.keeper_armed.store(true, Ordering::Relaxed);
                 if let Some(timer) = &self.keeper_timer {
-                    let every = TimeSpec::from_duration(KEEPER_HOLD);
+                    let every = TimeSpec::from_duration(self.keeper_period);
                     if let Err(e) =
                         timer.set(Expiration::Interval(every), TimerSetTimeFlags::empty())
                     {
@@ -780,6 +790,7 @@ impl Engine {
                 Progress::Thread => None,
             },
             keeper_armed: AtomicBool::new(false),
+            keeper_period: config.keeper_period.max(Duration::from_micros(1)),
         });
         let (kind, fallback, worker) = match config.progress {
             Progress::Caller => {
@@ -1033,15 +1044,15 @@ fn keeper_thread(shared: Arc<Shared>) {
     let Some(timer) = &shared.keeper_timer else {
         return;
     };
-    // While armed the alarm rings every `KEEPER_HOLD`; a check finds the application gone
+    // While armed the alarm rings every `keeper_period`; a check finds the application gone
     // when it has not polled for `KEEPER_AWAY`, so held acknowledgements go out at most
-    // `KEEPER_HOLD + KEEPER_AWAY` after its last poll.
+    // `keeper_period + KEEPER_AWAY` after its last poll.
     let away_ns = KEEPER_AWAY.as_nanos() as u64;
     loop {
         // Parked (disarmed) this waits until a poll arms the alarm.
         if let Err(e) = timer.wait() {
             tracing::error!("the keeper's timer failed: {e}");
-            std::thread::sleep(KEEPER_HOLD);
+            std::thread::sleep(shared.keeper_period);
         }
         if shared.stop.load(Ordering::Relaxed) {
             return;

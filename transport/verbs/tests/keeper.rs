@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use tbrdma_verbs::*;
 
-fn caller() -> DeviceConfig {
+fn caller(keeper_period: Duration) -> DeviceConfig {
     DeviceConfig {
         engine: EngineConfig {
             progress: Progress::Caller,
             engine: EngineKind::Sockets,
+            keeper_period,
             ..Default::default()
         },
         port: 0,
@@ -31,7 +32,19 @@ fn next_completion(cq: &CompletionQueue, limit: Duration) -> Option<Completion> 
 
 #[test]
 fn a_receiver_that_stops_polling_still_completes_the_senders_write() {
-    let server_dev = Device::open("127.0.0.1", caller()).unwrap();
+    receiver_goes_quiet(EngineConfig::default().keeper_period);
+}
+
+/// The collectives' setting: a keeper that checks every 2 ms (their connections' retransmission
+/// floor is 4 ms; here the sender keeps the default 1 ms and may retransmit once, which the
+/// acknowledgement the keeper sends covers as well).
+#[test]
+fn a_keeper_with_a_longer_period_still_completes_the_senders_write() {
+    receiver_goes_quiet(Duration::from_millis(2));
+}
+
+fn receiver_goes_quiet(keeper_period: Duration) {
+    let server_dev = Device::open("127.0.0.1", caller(keeper_period)).unwrap();
     let server_pd = server_dev.alloc_pd();
     let target = server_pd
         .alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
@@ -51,7 +64,7 @@ fn a_receiver_that_stops_polling_still_completes_the_senders_write() {
             .unwrap();
         (c, server_cq)
     });
-    let client_dev = Device::open("127.0.0.1", caller()).unwrap();
+    let client_dev = Device::open("127.0.0.1", caller(keeper_period)).unwrap();
     let client_pd = client_dev.alloc_pd();
     let client_cq = client_dev.create_cq(16);
     let client = connect(
