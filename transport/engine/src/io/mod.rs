@@ -407,12 +407,19 @@ mod tests {
             }
             for connected in [false, true] {
                 io.set_peer(connected.then_some(dest)).unwrap();
-                // One datagram alone (the single-send path), then a mixed batch.
-                for count in [1usize, 7] {
+                // One datagram alone (the single-send path; with and without bytes in the
+                // batch's buffer), then a mixed batch.
+                for (count, lone_in_region) in [(1usize, false), (1, true), (7, false)] {
                     let mut batch = TxBatch::new(8, 128);
                     let mut expected = Vec::new();
                     for i in 0..count {
-                        let head = vec![i as u8 + 1; 10 + i];
+                        // Datagram 2 (and 5) is wholly in the region, as a send headroom
+                        // makes it: no bytes in the batch's buffer.
+                        let head = if i % 3 == 2 || lone_in_region {
+                            Vec::new()
+                        } else {
+                            vec![i as u8 + 1; 10 + i]
+                        };
                         let part = (i % 3 != 1).then(|| {
                             RegionPart::new(Arc::clone(&buffer), 333 * i, 60_000 - 5000 * i)
                         });
