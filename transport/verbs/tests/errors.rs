@@ -6,16 +6,8 @@ use std::time::{Duration, Instant};
 
 use tbrdma_verbs::*;
 
-fn caller() -> DeviceConfig {
-    DeviceConfig {
-        engine: EngineConfig {
-            progress: Progress::Caller,
-            engine: EngineKind::Sockets,
-            ..Default::default()
-        },
-        port: 0,
-    }
-}
+mod common;
+use common::{Server, caller};
 
 #[test]
 fn an_unknown_interface_is_named_with_the_ones_that_exist() {
@@ -77,33 +69,13 @@ fn a_peer_that_is_not_tbrdma_is_refused_in_time() {
     drop(silent);
 }
 
-/// A connected pair on loopback, caller progress.
-/// A server device listening on loopback, with a 64 KiB region its peers may write.
-struct Server {
-    dev: Device,
-    pd: ProtectionDomain,
-    target: MemoryRegion,
-    cq: CompletionQueue,
-    listener: Listener,
-}
-
+/// A server with a 64 KiB target and a completion queue of 64.
 fn server() -> Server {
-    let dev = Device::open("127.0.0.1", caller()).unwrap();
-    let pd = dev.alloc_pd();
-    let target = pd
-        .alloc_mr(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
-    let cq = dev.create_cq(64);
-    let listener = Listener::bind(&dev, 0).unwrap();
-    Server {
-        dev,
-        pd,
-        target,
-        cq,
-        listener,
-    }
+    common::server(caller(), 1 << 16, 64)
 }
 
+/// A connected pair on loopback, caller progress; the client's completion queue holds
+/// `cq_capacity`, its source region 64 KiB.
 fn pair(
     cq_capacity: usize,
 ) -> (
@@ -115,33 +87,16 @@ fn pair(
     MemoryRegion,
     MemoryRegion,
 ) {
-    let Server {
-        dev: server_dev,
-        pd: server_pd,
-        target,
-        cq: server_cq,
-        listener,
-    } = server();
-    let addr = listener.local_addr().unwrap();
-    let client_dev = Device::open("127.0.0.1", caller()).unwrap();
-    let accept = std::thread::spawn(move || {
-        let c = listener
-            .accept(
-                &server_pd,
-                &server_cq,
-                &server_cq,
-                &QpOptions::default(),
-                Some(Duration::from_secs(10)),
-            )
-            .unwrap();
-        (c, server_cq)
-    });
-    let pd = client_dev.alloc_pd();
-    let cq = client_dev.create_cq(cq_capacity);
-    let client = connect(&pd, addr, &cq, &cq, &QpOptions::default()).unwrap();
-    let (server, _server_cq) = accept.join().unwrap();
-    let src = pd.alloc_mr(1 << 16, Access::LOCAL_WRITE).unwrap();
-    (server_dev, client_dev, server, client, cq, src, target)
+    let p = common::pair(caller(), 1 << 16, 1 << 16, cq_capacity);
+    (
+        p.server_dev,
+        p.client_dev,
+        p.server,
+        p.client,
+        p.client_cq,
+        p.src,
+        p.target,
+    )
 }
 
 #[test]

@@ -6,17 +6,7 @@ use std::time::{Duration, Instant};
 
 use tbrdma_verbs::*;
 
-fn caller(keeper_period: Duration) -> DeviceConfig {
-    DeviceConfig {
-        engine: EngineConfig {
-            progress: Progress::Caller,
-            engine: EngineKind::Sockets,
-            keeper_period,
-            ..Default::default()
-        },
-        port: 0,
-    }
-}
+mod common;
 
 /// Polls `cq` (which drives its device) until a completion arrives or `limit` passes.
 fn next_completion(cq: &CompletionQueue, limit: Duration) -> Option<Completion> {
@@ -44,39 +34,16 @@ fn a_keeper_with_a_longer_period_still_completes_the_senders_write() {
 }
 
 fn receiver_goes_quiet(keeper_period: Duration) {
-    let server_dev = Device::open("127.0.0.1", caller(keeper_period)).unwrap();
-    let server_pd = server_dev.alloc_pd();
-    let target = server_pd
-        .alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
-    let server_cq = server_dev.create_cq(16);
-    let listener = Listener::bind(&server_dev, 0).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accept = std::thread::spawn(move || {
-        let c = listener
-            .accept(
-                &server_pd,
-                &server_cq,
-                &server_cq,
-                &QpOptions::default(),
-                Some(Duration::from_secs(10)),
-            )
-            .unwrap();
-        (c, server_cq)
-    });
-    let client_dev = Device::open("127.0.0.1", caller(keeper_period)).unwrap();
-    let client_pd = client_dev.alloc_pd();
-    let client_cq = client_dev.create_cq(16);
-    let client = connect(
-        &client_pd,
-        addr,
-        &client_cq,
-        &client_cq,
-        &QpOptions::default(),
-    )
-    .unwrap();
-    let (server, server_cq) = accept.join().unwrap();
-    let src = client_pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let common::Pair {
+        server_dev,
+        server,
+        server_cq,
+        target,
+        client_cq,
+        src,
+        client,
+        client_dev: _client_dev,
+    } = common::pair(common::caller_with_keeper(keeper_period), 4096, 4096, 16);
     src.write(0, b"held");
 
     for round in 0..3 {

@@ -8,72 +8,13 @@ use std::time::{Duration, Instant};
 
 use tbrdma_verbs::*;
 
-fn caller() -> DeviceConfig {
-    DeviceConfig {
-        engine: EngineConfig {
-            progress: Progress::Caller,
-            engine: EngineKind::Sockets,
-            ..Default::default()
-        },
-        port: 0,
-    }
-}
-
-struct Pair {
-    server_dev: Device,
-    server: Connected,
-    server_cq: CompletionQueue,
-    target: MemoryRegion,
-    client: Connected,
-    client_cq: CompletionQueue,
-    src: MemoryRegion,
-}
+mod common;
+use common::Pair;
 
 const REGION: usize = 1 << 20;
 
 fn pair() -> Pair {
-    let server_dev = Device::open("127.0.0.1", caller()).unwrap();
-    let server_pd = server_dev.alloc_pd();
-    let target = server_pd
-        .alloc_mr(REGION, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
-    let server_cq = server_dev.create_cq(64);
-    let listener = Listener::bind(&server_dev, 0).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accept = std::thread::spawn(move || {
-        let c = listener
-            .accept(
-                &server_pd,
-                &server_cq,
-                &server_cq,
-                &QpOptions::default(),
-                Some(Duration::from_secs(10)),
-            )
-            .unwrap();
-        (c, server_cq)
-    });
-    let client_dev = Device::open("127.0.0.1", caller()).unwrap();
-    let client_pd = client_dev.alloc_pd();
-    let client_cq = client_dev.create_cq(64);
-    let client = connect(
-        &client_pd,
-        addr,
-        &client_cq,
-        &client_cq,
-        &QpOptions::default(),
-    )
-    .unwrap();
-    let (server, server_cq) = accept.join().unwrap();
-    let src = client_pd.alloc_mr(REGION, Access::LOCAL_WRITE).unwrap();
-    Pair {
-        server_dev,
-        server,
-        server_cq,
-        target,
-        client,
-        client_cq,
-        src,
-    }
+    common::pair(common::caller(), REGION, REGION, 64)
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -95,7 +36,14 @@ fn next_completion(cq: &CompletionQueue) -> Completion {
     panic!("no completion within 10 s");
 }
 
-impl Pair {
+/// What these tests do with a pair (an extension of the shared set-up).
+trait Writes {
+    fn write(&self, from: usize, to: usize, len: usize, imm: u32);
+    fn target_bytes(&self, at: usize, len: usize) -> Vec<u8>;
+    fn landed(&self) -> u64;
+}
+
+impl Writes for Pair {
     /// WRITE_WITH_IMM of `len` bytes from `src` at `from` to `target` at `to`; returns when both
     /// sides completed it.
     fn write(&self, from: usize, to: usize, len: usize, imm: u32) {
