@@ -590,27 +590,29 @@ impl Drop for Communicator {
     }
 }
 
+/// Caller progress: how often the keeper of a collective's device checks for an application
+/// that left with acknowledgements held (between collectives they always are: each call's last
+/// message is acknowledged by the next call's first). The engine's default, 500 µs, keeps them
+/// inside a 1 ms retransmission timeout, but each check is a timer interrupt and two context
+/// switches on a busy core: on the 2-core VM a 16 KiB all-reduce pair's mean was 9.6-9.8 µs for
+/// a median of 8.9 with 500 µs checks, 9.4-9.6 (p99 25-27 µs) with 2 ms, 9.0-9.1 (p99 11 µs)
+/// with 10 ms. Collectives need no acknowledgement sooner (8 slots per neighbour, and every
+/// call's messages carry the previous call's), so they check every 10 ms and raise the
+/// retransmission floor to match ([`RTO_FLOOR`]).
+const KEEPER_PERIOD: Duration = Duration::from_millis(10);
+/// Retransmission-timeout floor of the collectives' connections: about twice the keeper's bound
+/// (10.1 ms), so that a rank pausing between collectives never makes its neighbours retransmit.
+/// A tail loss (a lost datagram with nothing behind it) or a pulled cable costs this long to
+/// repair or fail over; losses inside a stream are repaired from selective acknowledgements.
+/// (TCP's floor is 200 ms.)
+const RTO_FLOOR: Duration = Duration::from_millis(20);
+
 /// The protocol settings of a collectives connection. With caller progress a rank answers
 /// nothing while it computes between collectives, so the idle timeout is stretched to the
 /// collective timeout and the retransmission budget to half of it: a rank may stay away that
 /// long without its neighbours declaring it dead. Half, so that a dead rank's neighbours that
 /// were writing to it fail, and tell the others who failed, before anyone's own timeout fires
 /// (which could only name the rank it waits on).
-/// Caller progress: how often the keeper of a collective's device checks for an application
-/// that left with acknowledgements held (between collectives they always are: each call's last
-/// message is acknowledged by the next call's first). The engine's default, 500 µs, keeps them
-/// inside a 1 ms retransmission timeout, but each check interrupts a busy core: on the 2-core VM
-/// the keepers of a 16 KiB all-reduce pair made one call in twenty ~15 µs slower (mean 9.5-9.8 µs
-/// for a median of 8.9; without checks, 9.2-9.3). Collectives do not need an acknowledgement
-/// sooner (8 slots per neighbour), so they check every 2 ms and raise the retransmission floor
-/// to match ([`RTO_FLOOR`]).
-const KEEPER_PERIOD: Duration = Duration::from_millis(2);
-/// Retransmission-timeout floor of the collectives' connections: twice the keeper's bound
-/// (2.1 ms), so that a rank pausing between collectives never makes its neighbours retransmit.
-/// A tail loss costs this long to repair (the link is nearly lossless; losses within a stream
-/// are repaired from selective acknowledgements).
-const RTO_FLOOR: Duration = Duration::from_millis(4);
-
 fn link_config(opts: &CommOptions) -> Config {
     let mut config = Config {
         idle_timeout: opts.timeout.max(Duration::from_secs(3)),
