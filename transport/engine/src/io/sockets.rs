@@ -1,7 +1,9 @@
 //! The plain-socket backend: nonblocking `sendmmsg` / `recvmmsg` on one UDP socket, batches
 //! of up to 32 datagrams per system call; a gathered datagram (header and a region part, see
 //! [`super::RegionPart`]) goes out as one message with two iovecs. Works on every Linux and inside containers whose
-//! seccomp profile denies io_uring.
+//! seccomp profile denies io_uring. A poll whose engine was lent a landing zone
+//! receives its first datagram straight into it ([`super::Landing`]); a datagram wholly in a
+//! region (its header in a send headroom) leaves with one plain send(2).
 //!
 //! **This file contains `unsafe`**: the two system calls take raw message headers that point
 //! into buffers on this function's stack frame or owned by `self`.
