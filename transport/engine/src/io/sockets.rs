@@ -5,8 +5,9 @@
 //! receives its first datagram straight into it ([`super::Landing`]); a datagram wholly in a
 //! region (its header in a send headroom) leaves with one plain send(2).
 //!
-//! **This file contains `unsafe`**: the two system calls take raw message headers that point
-//! into buffers on this function's stack frame or owned by `self`.
+//! **This file contains `unsafe`**: the system calls take raw pointers and message headers that
+//! point into buffers on this function's stack frame, owned by `self`, or in registered regions
+//! (a gathered datagram's part, a landing zone) that the caller keeps alive.
 
 use std::io;
 use std::mem::MaybeUninit;
