@@ -349,9 +349,7 @@ impl State {
     }
 
     fn clear_landing(&mut self) {
-        if self.landing.take().is_some() {
-            self.arenas[self.landing_pd].watch(None);
-        }
+        end_loan(&mut self.landing, &mut self.arenas[..], self.landing_pd);
     }
 
     /// Counts one more outstanding request naming `region`.
@@ -388,10 +386,10 @@ impl State {
             // A write placed into the zone (received there, or copied in) ends the loan, and
             // so does a datagram too long for it (the backend dropped the zone).
             if lent && (landing.is_none() || arenas[*landing_pd].watch_hit()) {
+                stats.landed_in_place += arenas[*landing_pd].take_in_place();
+                // (The backend may have taken the zone already, when too long a datagram came.)
                 *landing = None;
-                let arena = &mut arenas[*landing_pd];
-                stats.landed_in_place += arena.take_in_place();
-                arena.watch(None);
+                arenas[*landing_pd].watch(None);
             }
         }
         let deadline_due = self.next_deadline.is_some_and(|d| d <= now);
@@ -498,8 +496,7 @@ impl State {
                             .as_ref()
                             .is_some_and(|l| l.qpn == slot.conn.params().local_qpn)
                         {
-                            *landing = None;
-                            arenas[*landing_pd].watch(None);
+                            end_loan(landing, arenas, *landing_pd);
                         }
                         (&slot.recv_cq, &mut slot.rq_regions)
                     }
@@ -524,8 +521,7 @@ impl State {
             .as_ref()
             .is_some_and(|l| !conns.contains_key(&l.qpn))
         {
-            *landing = None;
-            arenas[*landing_pd].watch(None);
+            end_loan(landing, arenas, *landing_pd);
         }
         for (rail, batch) in tx.iter_mut().enumerate() {
             if !batch.is_empty() {
@@ -541,6 +537,13 @@ impl State {
     /// The earliest connection deadline.
     pub fn next_deadline(&self) -> Option<Time> {
         self.next_deadline
+    }
+}
+
+/// Takes back the landing zone lent, if any, and stops watching it (its arena is `pd`'s).
+fn end_loan(landing: &mut Option<Landing>, arenas: &mut [Arena], pd: usize) {
+    if landing.take().is_some() {
+        arenas[pd].watch(None);
     }
 }
 
