@@ -320,8 +320,11 @@ impl State {
 
     /// Lends the engine a landing zone (see [`Landing`]) for queue pair `landing.qpn`, whose
     /// application has seen `seen` of its receive completions, in protection domain `pd`.
-    /// Refused (returns false) when that count is behind the engine's: writes the application
-    /// has not seen yet may lie in the zone. With `None`, takes back any zone lent.
+    /// Refused (returns false) when that count is behind the engine's (writes the application
+    /// has not seen yet may lie in the zone), or while a message to be placed in the zone is
+    /// partly received: its first packets may already lie there, and any datagram received
+    /// into the zone would overwrite them (such as its missing last packet, resent). With
+    /// `None`, takes back any zone lent.
     pub fn set_landing(&mut self, pd: usize, landing: Option<Landing>, seen: u64) -> bool {
         self.clear_landing();
         let Some(landing) = landing else {
@@ -335,6 +338,19 @@ impl State {
             return false;
         }
         let zone = landing.zone.offset()..landing.zone.offset() + landing.zone.len();
+        // (Any queue pair of the domain: a peer may write into the same region on another.)
+        let zone_bytes = zone.start as u64..zone.end as u64;
+        let overwrites_a_message = self.conns.values().any(|slot| {
+            slot.pd == pd
+                && slot.conn.receiving_into().is_some_and(|(region, bytes)| {
+                    region == landing.region
+                        && bytes.start < zone_bytes.end
+                        && zone_bytes.start < bytes.end
+                })
+        });
+        if overwrites_a_message {
+            return false;
+        }
         self.arenas[pd].watch(Some((landing.region, zone)));
         self.landing = Some(landing);
         self.landing_pd = pd;

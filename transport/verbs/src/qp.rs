@@ -136,7 +136,8 @@ impl QueuePair {
     ///
     /// `seen` is how many receive completions of this queue pair the application has polled:
     /// when the engine has delivered more (a write the application has not seen may lie in the
-    /// zone), the loan is refused and `Ok(false)` returned. Only the sockets engine uses the
+    /// zone), the loan is refused and `Ok(false)` returned; so it is while a write into those
+    /// bytes (on any queue pair) is partly received: its first datagrams may lie there. Only the sockets engine uses the
     /// zone; the others accept it and receive as usual. One zone per device: a new loan (from
     /// any queue pair of the device) replaces the last.
     pub fn expect_write(

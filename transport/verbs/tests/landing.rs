@@ -198,3 +198,64 @@ fn send_headroom_takes_the_bytes_in_front_of_a_request_and_nothing_else() {
         data[..SEND_HEADROOM]
     );
 }
+
+/// A write whose first datagram has been placed while its second is still due: a zone lent
+/// over the first datagram's bytes would receive the second there and overwrite them (the
+/// corruption a lost, resent last datagram caused in a 4-rank ring all-reduce). The loan is
+/// refused until the write completes (a zone elsewhere is not), and the write arrives whole.
+#[test]
+fn no_zone_is_lent_over_a_write_partly_received() {
+    // No keeper ticks during the test: only the polls below move the server's engine.
+    let p = common::pair(
+        common::caller_with_keeper(Duration::from_secs(3600)),
+        REGION,
+        REGION,
+        64,
+    );
+    let data = pattern(REGION, 11);
+    p.src.write(0, &data);
+    let (to, len) = (8192, 100_000); // two datagrams on loopback
+    let qp = &p.server.qp;
+    qp.post_recv(&[RecvWr {
+        wr_id: 5,
+        local: p.target.sge(0, 0),
+    }])
+    .unwrap();
+    // An empty poll first: the next one then receives a single datagram.
+    p.server_dev.progress().unwrap();
+    let before = qp.stats().packets_received;
+    p.client
+        .qp
+        .post_send(&[SendWr {
+            wr_id: 5,
+            local: p.src.sge(0, len),
+            op: SendOp::WriteWithImm {
+                remote: p.target.remote(to),
+                imm: 5,
+            },
+        }])
+        .unwrap();
+    p.client_dev.progress().unwrap();
+    // Receive the first datagram only.
+    let start = Instant::now();
+    while qp.stats().packets_received == before {
+        assert!(start.elapsed() < Duration::from_secs(10), "nothing arrived");
+        std::thread::sleep(Duration::from_millis(1));
+        p.server_dev.progress().unwrap();
+    }
+    assert_eq!(
+        qp.stats().packets_received,
+        before + 1,
+        "the set-up needs the write half received"
+    );
+    assert!(
+        !qp.expect_write(&p.target, to, len, 0).unwrap(),
+        "a zone over a write partly received is refused"
+    );
+    // Elsewhere it may be lent: the second datagram is received there and copied out.
+    assert!(qp.expect_write(&p.target, 600_000, len, 0).unwrap());
+    let got = next_completion(&p.server_cq);
+    assert_eq!(got.wc.imm, Some(5));
+    assert_eq!(p.target_bytes(to, len), data[..len]);
+    assert!(qp.expect_write(&p.target, to, len, 1).unwrap());
+}

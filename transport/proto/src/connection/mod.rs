@@ -332,6 +332,13 @@ impl Connection {
         self.rq.len()
     }
 
+    /// Where an incoming message partly received goes (region and byte range): some of its
+    /// packets may have been placed there, and more are due. Whoever lends the engine memory
+    /// to receive into must not lend those bytes meanwhile (see the engine's landing zones).
+    pub fn receiving_into(&self) -> Option<(RegionId, std::ops::Range<u64>)> {
+        self.rx.message_in_progress()
+    }
+
     /// Whether nothing is waiting: no request outstanding, nothing unacknowledged either way.
     pub fn is_idle(&self) -> bool {
         self.sq.is_empty() && self.tx.is_empty() && !self.rx.ack_needed()

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::tx::{OutKind, packets_for};
 use super::{Connection, ConnectionError, ConnectionState};
-use crate::memory::{Access, Memory, Placement};
+use crate::memory::{Access, Memory, Placement, RegionId};
 use crate::seq::Psn;
 use crate::time::Time;
 use crate::wire::{
@@ -141,6 +141,17 @@ impl RxStream {
 
     pub fn ack_needed(&self) -> bool {
         self.ack_needed
+    }
+
+    /// Where the message partly received goes (its region and byte range), while some of its
+    /// packets have arrived (and may have been placed) and others have not.
+    pub fn message_in_progress(&self) -> Option<(RegionId, std::ops::Range<u64>)> {
+        let message = self.current.as_ref()?;
+        let at = placement_of(&message.target)?;
+        Some((
+            at.region,
+            at.offset..at.offset.saturating_add(message.msg_len),
+        ))
     }
 
     pub fn clear(&mut self) {
