@@ -255,6 +255,24 @@ impl TxBatch {
     }
 }
 
+/// Whether a send failed because a packet filter (nftables, iptables) dropped the datagram on
+/// its way out, which Linux reports as EPERM: the datagram is lost like one a cable dropped,
+/// and the protocol resends it (a filter that drops everything ends in retry-exceeded errors,
+/// bounded in time like a vanished peer). Logged once per backend, since the cause is outside
+/// tbrdma.
+pub(crate) fn filtered_on_the_way_out(errno: Option<i32>, warned: &mut bool) -> bool {
+    if errno != Some(libc::EPERM) {
+        return false;
+    }
+    if !std::mem::replace(warned, true) {
+        tracing::warn!(
+            "a packet filter dropped an outgoing datagram (EPERM); tbrdma resends, but check \
+             the nftables/iptables output rules for the tbrdma ports if it keeps happening"
+        );
+    }
+    true
+}
+
 /// One UDP socket's datagram traffic.
 pub trait DatagramIo: Send + std::fmt::Debug {
     /// Which backend this is.

@@ -21,7 +21,7 @@ use nix::sys::time::TimeSpec;
 
 use tbrdma_proto::wire::MAX_HEADER_LEN;
 
-use super::{DatagramIo, EngineKind, Landing, TxBatch};
+use super::{DatagramIo, EngineKind, Landing, TxBatch, filtered_on_the_way_out};
 
 /// Datagrams per system call.
 const BATCH: usize = 32;
@@ -43,6 +43,8 @@ pub struct SocketIo {
     /// The address the socket is connected to, if any.
     peer: Option<SocketAddr>,
     send_drops: u64,
+    /// A packet filter's drop was reported (see [`filtered_on_the_way_out`]).
+    warned_filter: bool,
 }
 
 /// The receive side's `recvmmsg` headers, built once: each points at its own buffer and
@@ -121,6 +123,7 @@ impl SocketIo {
             sent_since_recv: false,
             peer: None,
             send_drops: 0,
+            warned_filter: false,
         })
     }
 }
@@ -353,9 +356,13 @@ impl DatagramIo for SocketIo {
                     retries += 1;
                     continue;
                 }
-                if is_stale_icmp_error(&err) || err.raw_os_error() == Some(libc::ENETDOWN) {
-                    // The route is gone (link down): this datagram is lost, and the protocol's
-                    // retransmission, on another rail if there is one, takes over.
+                if is_stale_icmp_error(&err)
+                    || err.raw_os_error() == Some(libc::ENETDOWN)
+                    || filtered_on_the_way_out(err.raw_os_error(), &mut self.warned_filter)
+                {
+                    // The route is gone (link down), or a packet filter dropped it: this
+                    // datagram is lost, and the protocol's retransmission, on another rail if
+                    // there is one, takes over.
                     self.send_drops += 1;
                     done += 1;
                     retries = 0;

@@ -30,7 +30,7 @@ use io_uring::types::{CancelBuilder, Fd, Napi, RecvMsgOut, SubmitArgs, Timespec}
 use io_uring::{IoUring, Probe, cqueue, opcode, squeue};
 use memmap2::MmapMut;
 
-use super::{DatagramIo, EngineKind, TxBatch};
+use super::{DatagramIo, EngineKind, TxBatch, filtered_on_the_way_out};
 
 /// Submission queue size: the most sends in flight per `io_uring_enter`.
 const SQ_ENTRIES: u32 = 256;
@@ -554,6 +554,8 @@ pub struct UringIo {
     wake_armed: Option<RawFd>,
     tx: TxState,
     send_drops: u64,
+    /// A packet filter's drop was reported (see [`filtered_on_the_way_out`]).
+    warned_filter: bool,
     /// The address the socket is connected to, if any.
     peer: Option<SocketAddr>,
     /// Times the multishot receive was armed.
@@ -673,6 +675,7 @@ impl UringIo {
             wake_armed: None,
             tx: TxState::default(),
             send_drops: 0,
+            warned_filter: false,
             peer: None,
             rx_arms: 0,
             rx_takeovers: 0,
@@ -950,6 +953,9 @@ impl DatagramIo for UringIo {
                                 // The socket buffer stayed full: drop it, the protocol resends.
                                 self.send_drops += 1;
                             }
+                        } else if filtered_on_the_way_out(Some(errno), &mut self.warned_filter) {
+                            // Lost on the way out, as on a cable: the protocol resends.
+                            self.send_drops += 1;
                         } else if is_stale_icmp_error(errno) {
                             // The error was about an earlier datagram; this one was not sent.
                             if slot.icmp_retries < ICMP_RETRIES {
