@@ -79,6 +79,68 @@ impl Lab {
     }
 }
 
+/// Name of the nftables table the lab's loss rules live in (one per namespace; it goes with
+/// the namespace).
+const LOSS_TABLE: &str = "tbrdma_test_loss";
+
+impl Lab {
+    /// Makes every rank's kernel drop about `per_mille` of the UDP datagrams it sends, chosen
+    /// at random (nftables; the kernel here has no netem). Panics, naming the fix, when the
+    /// `nft` tool is missing.
+    pub fn drop_udp(&self, per_mille: u32) {
+        let rules = format!(
+            "add table inet {LOSS_TABLE}\n\
+             add chain inet {LOSS_TABLE} out {{ type filter hook output priority 0; }}\n\
+             add rule inet {LOSS_TABLE} out meta l4proto udp numgen random mod 1000 < {per_mille} counter drop\n"
+        );
+        for rank in 0..self.hostfile.ranks.len() {
+            self.nft(rank, &["-f", "-"], Some(&rules));
+        }
+    }
+
+    /// UDP datagrams the rules of [`Self::drop_udp`] dropped so far, over all ranks.
+    pub fn dropped_udp(&self) -> u64 {
+        (0..self.hostfile.ranks.len())
+            .map(|rank| {
+                let listing = self.nft(rank, &["list", "table", "inet", LOSS_TABLE], None);
+                listing
+                    .split_whitespace()
+                    .skip_while(|w| *w != "packets")
+                    .nth(1)
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("no packet counter in:\n{listing}"))
+            })
+            .sum()
+    }
+
+    /// Runs `nft args` in `rank`'s namespace, with `input` on stdin; returns its output.
+    fn nft(&self, rank: usize, args: &[&str], input: Option<&str>) -> String {
+        use std::io::Write;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.namespace(rank), "nft"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ip netns exec");
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        if let Some(text) = input {
+            stdin.write_all(text.as_bytes()).expect("write nft rules");
+        }
+        drop(stdin);
+        let out = child.wait_with_output().expect("wait for nft");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "nft {args:?} in {} failed: {stderr} (the loss tests need nftables: \
+             apt-get install nftables)",
+            self.namespace(rank)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
 impl Drop for Lab {
     fn drop(&mut self) {
         if let Err(e) = lab::down(&self.name) {

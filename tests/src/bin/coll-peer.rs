@@ -9,6 +9,7 @@
 //! rank 3 and rank 1, while the ranks in between call nothing, then an all-reduce again,
 //! printing `relay verified` when every message arrived intact),
 //! `counts` (comma-separated element counts), `rails` (cables per neighbour to use),
+//! `slot_bytes` and `slots` (4096 and 4 unless given: small slots, many chunks),
 //! `timeout` (seconds), `engine` (sockets|uring); `rendezvous` (rank 0's ip:port) and `world` meet by rendezvous
 //! instead of reading the hostfile. Exits 0 only when every check passed.
 
@@ -23,10 +24,11 @@ use tbrdma_collectives::{CommOptions, Communicator, ReduceOp};
 fn run(args: &HashMap<String, String>) -> anyhow::Result<()> {
     let get = |k: &str| args.get(k).ok_or_else(|| anyhow!("missing {k}="));
     let rank: usize = get("rank")?.parse().context("rank")?;
+    let number = |k: &str, default: usize| args.get(k).map_or(Ok(default), |v| v.parse());
     let opts = CommOptions {
-        // Small slots: a few thousand elements already pipeline over many chunks.
-        slot_bytes: 4096,
-        slots: 4,
+        // Small slots by default: a few thousand elements already pipeline over many chunks.
+        slot_bytes: number("slot_bytes", 4096)?,
+        slots: number("slots", 4)?,
         one_shot_max: 2048,
         max_rails: args.get("rails").map_or(Ok(0), |r| r.parse())?,
         timeout: Duration::from_secs(args.get("timeout").map_or(Ok(20), |t| t.parse())?),
