@@ -79,38 +79,86 @@ impl Lab {
     }
 }
 
-/// Name of the nftables table the lab's loss rules live in (one per namespace; it goes with
+/// Name of the nftables table the lab's fault rules live in (one per namespace; it goes with
 /// the namespace).
-const LOSS_TABLE: &str = "tbrdma_test_loss";
+const FAULT_TABLE: &str = "tbrdma_test_faults";
+
+/// Faults the kernels of a lab inflict on the UDP datagrams they send, each in per mille of the
+/// datagrams, chosen at random: `drop` them, send a `duplicate` along, or `corrupt` four bytes
+/// (the 21st to 24th after a tbrdma header, left alone in shorter datagrams). As counts (see
+/// [`Lab::faults_done`]): how many datagrams each rule hit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    pub drop: u64,
+    pub duplicate: u64,
+    pub corrupt: u64,
+}
 
 impl Lab {
-    /// Makes every rank's kernel drop about `per_mille` of the UDP datagrams it sends, chosen
-    /// at random (nftables; the kernel here has no netem). Panics, naming the fix, when the
-    /// `nft` tool is missing.
-    pub fn drop_udp(&self, per_mille: u32) {
-        let rules = format!(
-            "add table inet {LOSS_TABLE}\n\
-             add chain inet {LOSS_TABLE} out {{ type filter hook output priority 0; }}\n\
-             add rule inet {LOSS_TABLE} out meta l4proto udp numgen random mod 1000 < {per_mille} counter drop\n"
-        );
-        for rank in 0..self.hostfile.ranks.len() {
+    /// Makes every rank's kernel inflict `faults` on the UDP datagrams it sends (nftables in
+    /// each namespace; the kernel here has no netem). Panics, naming the fix, when the `nft`
+    /// tool is missing.
+    pub fn impair(&self, faults: Faults) {
+        for (rank, host) in self.hostfile.ranks.iter().enumerate() {
+            let mut rules = format!(
+                "add table ip {FAULT_TABLE}\n\
+                 add chain ip {FAULT_TABLE} out {{ type filter hook output priority 0; }}\n"
+            );
+            let mut rule = |what: &str, per_mille: u64, action: &str| {
+                if per_mille > 0 {
+                    rules.push_str(&format!(
+                        "add rule ip {FAULT_TABLE} out {what} meta l4proto udp \
+                         numgen random mod 1000 < {per_mille} counter {action}\n"
+                    ));
+                }
+            };
+            // A duplicate must name the interface it leaves by: one rule per cable.
+            for link in &host.links {
+                let dev = &link.interface;
+                rule(
+                    &format!("oifname \"{dev}\""),
+                    faults.duplicate,
+                    &format!("dup to ip daddr device \"{dev}\" comment \"duplicate\""),
+                );
+            }
+            // Bits 800-831 after the UDP header's start: UDP header (8 B), tbrdma header (72 B),
+            // then payload bytes 20-23. The receiving kernel does not check UDP checksums of
+            // veth traffic, so tbrdma's own checksum must catch it.
+            rule(
+                "",
+                faults.corrupt,
+                "@th,800,32 set 0x5a5a5a5a comment \"corrupt\"",
+            );
+            rule("", faults.drop, "drop comment \"drop\"");
             self.nft(rank, &["-f", "-"], Some(&rules));
         }
     }
 
-    /// UDP datagrams the rules of [`Self::drop_udp`] dropped so far, over all ranks.
-    pub fn dropped_udp(&self) -> u64 {
-        (0..self.hostfile.ranks.len())
-            .map(|rank| {
-                let listing = self.nft(rank, &["list", "table", "inet", LOSS_TABLE], None);
-                listing
+    /// Datagrams the rules of [`Self::impair`] hit so far, over all ranks.
+    pub fn faults_done(&self) -> Faults {
+        let mut done = Faults::default();
+        for rank in 0..self.hostfile.ranks.len() {
+            let listing = self.nft(rank, &["list", "table", "ip", FAULT_TABLE], None);
+            for line in listing.lines().filter(|l| l.contains("counter packets")) {
+                let packets = line
                     .split_whitespace()
                     .skip_while(|w| *w != "packets")
                     .nth(1)
                     .and_then(|n| n.parse::<u64>().ok())
-                    .unwrap_or_else(|| panic!("no packet counter in:\n{listing}"))
-            })
-            .sum()
+                    .unwrap_or_else(|| panic!("no packet count in: {line}"));
+                let count = if line.contains("\"duplicate\"") {
+                    &mut done.duplicate
+                } else if line.contains("\"corrupt\"") {
+                    &mut done.corrupt
+                } else if line.contains("\"drop\"") {
+                    &mut done.drop
+                } else {
+                    panic!("a rule of no known kind: {line}")
+                };
+                *count += packets;
+            }
+        }
+        done
     }
 
     /// Runs `nft args` in `rank`'s namespace, with `input` on stdin; returns its output.
@@ -133,7 +181,7 @@ impl Lab {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success(),
-            "nft {args:?} in {} failed: {stderr} (the loss tests need nftables: \
+            "nft {args:?} in {} failed: {stderr} (the fault tests need nftables: \
              apt-get install nftables)",
             self.namespace(rank)
         );

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tbrdma_netdev::lab::{LabTopology, hostfile_path};
-use tbrdma_tests::{Lab, finish};
+use tbrdma_tests::{Faults, Lab, finish};
 
 const PEER: &str = env!("CARGO_BIN_EXE_tbrdma-coll-peer");
 
@@ -34,26 +34,26 @@ fn spawn_all(lab: &Lab, scenario: &str, extra: &[String]) -> Vec<Child> {
 
 fn check_suite(tag: &str, ranks: usize, topology: LabTopology, rails: u32, engine: &str) {
     let args = ["counts=0,1,7,3001".to_string(), format!("engine={engine}")];
-    run_suite(tag, ranks, topology, rails, &args, 0);
+    run_suite(tag, ranks, topology, rails, &args, Faults::default());
 }
 
-/// Runs the suite scenario with `args` on every rank of a new lab whose kernels drop
-/// `loss_per_mille` of the UDP datagrams they send; every rank must pass every check and agree
-/// with rank 0.
+/// Runs the suite scenario with `args` on every rank of a new lab whose kernels inflict
+/// `faults` on the UDP datagrams they send; every rank must pass every check and agree with
+/// rank 0.
 fn run_suite(
     tag: &str,
     ranks: usize,
     topology: LabTopology,
     rails: u32,
     args: &[String],
-    loss_per_mille: u32,
+    faults: Faults,
 ) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let Some(lab) = Lab::up(tag, ranks, topology, rails) else {
         return;
     };
-    if loss_per_mille > 0 {
-        lab.drop_udp(loss_per_mille);
+    if faults != Faults::default() {
+        lab.impair(faults);
     }
     let children = spawn_all(&lab, "suite", args);
     let outputs: Vec<_> = children.into_iter().map(finish).collect();
@@ -86,13 +86,17 @@ fn run_suite(
             "rank {r} disagrees with rank 0"
         );
     }
-    if loss_per_mille > 0 {
-        let dropped = lab.dropped_udp();
-        assert!(
-            dropped > 0,
-            "the kernels were to drop datagrams, and dropped none"
-        );
-        eprintln!("{tag}: the kernels dropped {dropped} datagrams");
+    if faults != Faults::default() {
+        // The rules really hit datagrams of every kind asked for.
+        let done = lab.faults_done();
+        eprintln!("{tag}: {done:?}");
+        for (asked, hit, what) in [
+            (faults.drop, done.drop, "dropped"),
+            (faults.duplicate, done.duplicate, "duplicated"),
+            (faults.corrupt, done.corrupt, "corrupted"),
+        ] {
+            assert!(asked == 0 || hit > 0, "no datagram was {what}: {done:?}");
+        }
     }
 }
 
@@ -118,32 +122,38 @@ fn four_ranks_in_a_ring() {
 }
 
 /// The suite with the default slots (512 KiB: messages of several datagrams) while every
-/// kernel drops 3 % of the datagrams it sends: the protocol resends them, and nothing of a
-/// message received in part may be overwritten meanwhile (a landing zone lent over one once
-/// corrupted a ring all-reduce this way).
-fn lossy_suite(tag: &str, ranks: usize, topology: LabTopology, rails: u32, engine: &str) {
+/// kernel drops 2 % of the datagrams it sends, duplicates 1 % and corrupts 1 %: the protocol
+/// resends what was lost or rejected and ignores copies, and nothing of a message received in
+/// part may be overwritten meanwhile (a landing zone lent over one once corrupted a ring
+/// all-reduce this way).
+fn faulty_suite(tag: &str, ranks: usize, topology: LabTopology, rails: u32, engine: &str) {
     let args = [
         "counts=7,70000".to_string(),
         format!("slot_bytes={}", 512 << 10),
         "slots=8".to_string(),
         format!("engine={engine}"),
     ];
-    run_suite(tag, ranks, topology, rails, &args, 30);
+    let faults = Faults {
+        drop: 20,
+        duplicate: 10,
+        corrupt: 10,
+    };
+    run_suite(tag, ranks, topology, rails, &args, faults);
 }
 
 #[test]
-fn two_ranks_lose_datagrams_and_stay_exact() {
-    lossy_suite("l2", 2, LabTopology::Pair, 1, "sockets");
+fn two_ranks_on_a_faulty_cable_stay_exact() {
+    faulty_suite("f2", 2, LabTopology::Pair, 1, "sockets");
 }
 
 #[test]
-fn two_ranks_over_two_cables_lose_datagrams_and_stay_exact() {
-    lossy_suite("l2r", 2, LabTopology::Pair, 2, "uring");
+fn two_ranks_on_two_faulty_cables_stay_exact() {
+    faulty_suite("f2r", 2, LabTopology::Pair, 2, "uring");
 }
 
 #[test]
-fn four_ranks_in_a_ring_lose_datagrams_and_stay_exact() {
-    lossy_suite("l4r", 4, LabTopology::Ring, 1, "sockets");
+fn four_ranks_in_a_ring_of_faulty_cables_stay_exact() {
+    faulty_suite("f4r", 4, LabTopology::Ring, 1, "sockets");
 }
 
 #[test]
