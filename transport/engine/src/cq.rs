@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tbrdma_proto::WorkCompletion;
 
@@ -20,6 +20,9 @@ pub struct Completion {
 #[derive(Debug)]
 pub struct CqShared {
     queue: Mutex<VecDeque<Completion>>,
+    /// The queue's length, written under its lock, read without it: a poll of an empty queue
+    /// (most polls of a busy-polling application) takes no lock.
+    len: AtomicUsize,
     capacity: usize,
     dropped: AtomicU64,
 }
@@ -29,6 +32,7 @@ impl CqShared {
     pub fn new(capacity: usize) -> CqShared {
         CqShared {
             queue: Mutex::new(VecDeque::with_capacity(capacity.min(1 << 16))),
+            len: AtomicUsize::new(0),
             capacity: capacity.max(1),
             dropped: AtomicU64::new(0),
         }
@@ -47,6 +51,7 @@ impl CqShared {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         } else {
             q.push_back(completion);
+            self.len.store(q.len(), Ordering::Release);
         }
     }
 
@@ -54,21 +59,29 @@ impl CqShared {
     /// completions were lost to overflow since the last poll (the ones still held are returned
     /// by later polls).
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize, u64> {
-        let dropped = self.dropped.swap(0, Ordering::Relaxed);
-        if dropped > 0 {
-            return Err(dropped);
+        // Loads first: the swaps are read-modify-writes, dearer than a load, and rarely due.
+        if self.dropped.load(Ordering::Relaxed) > 0 {
+            let dropped = self.dropped.swap(0, Ordering::Relaxed);
+            if dropped > 0 {
+                return Err(dropped);
+            }
+        }
+        if self.is_empty() {
+            return Ok(0);
         }
         let mut q = self.queue.lock().expect("cq lock");
         let n = out.len().min(q.len());
         for (slot, c) in out.iter_mut().zip(q.drain(..n)) {
             *slot = c;
         }
+        self.len.store(q.len(), Ordering::Release);
         Ok(n)
     }
 
     /// Completions waiting.
     pub fn len(&self) -> usize {
-        self.queue.lock().expect("cq lock").len()
+        // (Acquire: a completion seen here is seen whole by the lock's holder after it.)
+        self.len.load(Ordering::Acquire)
     }
 
     /// Whether none wait.

@@ -4,10 +4,12 @@
 //! This module decides *whether* an access is allowed; moving the bytes is the job of whoever
 //! implements [`Memory`] (pinned mappings in the engine, vectors in the simulator).
 
-use std::collections::{HashMap, HashSet};
-
 use rand_chacha::ChaCha12Rng;
 use rand_core::{Rng, SeedableRng};
+// FxHash: every datagram carrying data looks up a key or two, and SipHash (std's default,
+// built against hash flooding) costs several times more. Only this table inserts keys, drawn
+// at random; a key a peer names is only looked up.
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use thiserror::Error;
 
 bitflags::bitflags! {
@@ -132,9 +134,9 @@ impl MemoryTable {
     pub fn new(seed: [u8; 32]) -> MemoryTable {
         MemoryTable {
             regions: Vec::new(),
-            by_lkey: HashMap::new(),
-            by_rkey: HashMap::new(),
-            issued: HashSet::new(),
+            by_lkey: HashMap::default(),
+            by_rkey: HashMap::default(),
+            issued: HashSet::default(),
             rng: ChaCha12Rng::from_seed(seed),
         }
     }
