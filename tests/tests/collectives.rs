@@ -78,6 +78,11 @@ fn run_suite(
             "expected {rails} rails: {}",
             report(r)
         );
+        // (io_uring may fall back to sockets on a kernel without it; the packet engine only
+        // needs root, which these tests have.)
+        if args.iter().any(|a| a == "engine=packet") {
+            assert!(out.contains("packet engine"), "{}", report(r));
+        }
         let fp = fingerprints(out);
         assert!(!fp.is_empty(), "{}", report(r));
         assert_eq!(
@@ -109,6 +114,18 @@ fn two_ranks_over_one_cable() {
 fn two_ranks_over_two_cables() {
     // The io_uring engine here, the default sockets engine elsewhere.
     check_suite("c2r", 2, LabTopology::Pair, 2, "uring");
+}
+
+#[test]
+fn two_ranks_with_the_packet_engine() {
+    check_suite("c2p", 2, LabTopology::Pair, 1, "packet");
+}
+
+#[test]
+fn four_ranks_in_a_ring_with_the_packet_engine() {
+    // Kernel-relayed send/recv between ranks 0 and 2 (and 1 and 3) must still work: those
+    // connections take the sockets engine (the kernels in between forward IP, not frames).
+    check_suite("c4p", 4, LabTopology::Ring, 1, "packet");
 }
 
 #[test]

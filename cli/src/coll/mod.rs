@@ -63,7 +63,8 @@ pub struct CommArgs {
     /// Use at most this many cables per neighbour (0: every cable in the hostfile).
     #[arg(long, default_value_t = 0)]
     pub rails: usize,
-    /// Datagram backend: sockets (the default: lowest latency here) or uring.
+    /// Datagram backend: sockets (the default), uring, or packet (Ethernet frames with a
+    /// shared receive ring: the lowest latency, needs root, every rank must use it).
     #[arg(long, default_value = "sockets")]
     pub engine: String,
     /// Who runs the engine: caller (spins inside collectives) or thread.

@@ -48,6 +48,9 @@ pub struct tbrdma_qp {
 pub const TBRDMA_ENGINE_URING: c_int = 0;
 /// Engine backend: nonblocking sockets.
 pub const TBRDMA_ENGINE_SOCKETS: c_int = 1;
+/// Engine backend: Ethernet frames on an `AF_PACKET` socket with a shared receive ring (needs
+/// `CAP_NET_RAW` and IPv4 addresses, else falls back to sockets; every rank must use it).
+pub const TBRDMA_ENGINE_PACKET: c_int = 2;
 /// Progress: a background engine thread per device.
 pub const TBRDMA_PROGRESS_THREAD: c_int = 0;
 /// Progress: only inside `tbrdma_poll_cq`, posts and `tbrdma_device_progress`.
@@ -291,7 +294,12 @@ pub unsafe extern "C" fn tbrdma_device_open(
         let engine = match engine {
             TBRDMA_ENGINE_URING => EngineKind::Uring,
             TBRDMA_ENGINE_SOCKETS => EngineKind::Sockets,
-            _ => return invalid("engine must be TBRDMA_ENGINE_URING or TBRDMA_ENGINE_SOCKETS"),
+            TBRDMA_ENGINE_PACKET => EngineKind::Packet,
+            _ => {
+                return invalid(
+                    "engine must be TBRDMA_ENGINE_URING, TBRDMA_ENGINE_SOCKETS or TBRDMA_ENGINE_PACKET",
+                );
+            }
         };
         let progress = match progress {
             TBRDMA_PROGRESS_THREAD => Progress::Thread,

@@ -27,8 +27,8 @@ use tbrdma_collectives::{
 };
 
 use crate::ffi::{
-    TBRDMA_ENGINE_SOCKETS, TBRDMA_ENGINE_URING, TBRDMA_PROGRESS_CALLER, TBRDMA_PROGRESS_THREAD,
-    give, guard, text,
+    TBRDMA_ENGINE_PACKET, TBRDMA_ENGINE_SOCKETS, TBRDMA_ENGINE_URING, TBRDMA_PROGRESS_CALLER,
+    TBRDMA_PROGRESS_THREAD, give, guard, text,
 };
 use crate::status::{TBRDMA_ERR_INVALID, TBRDMA_OK, coll, fail};
 
@@ -302,6 +302,7 @@ fn engine_code(e: EngineKind) -> c_int {
     match e {
         EngineKind::Uring => TBRDMA_ENGINE_URING,
         EngineKind::Sockets => TBRDMA_ENGINE_SOCKETS,
+        EngineKind::Packet => TBRDMA_ENGINE_PACKET,
     }
 }
 
@@ -338,6 +339,7 @@ unsafe fn comm_options(f: &str, p: *const tbrdma_comm_options) -> Result<CommOpt
     let engine = match o.engine {
         TBRDMA_ENGINE_URING => EngineKind::Uring,
         TBRDMA_ENGINE_SOCKETS => EngineKind::Sockets,
+        TBRDMA_ENGINE_PACKET => EngineKind::Packet,
         other => return Err(bad(f, format!("engine {other} is not a TBRDMA_ENGINE_*"))),
     };
     let progress = match o.progress {

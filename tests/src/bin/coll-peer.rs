@@ -10,7 +10,7 @@
 //! printing `relay verified` when every message arrived intact),
 //! `counts` (comma-separated element counts), `rails` (cables per neighbour to use),
 //! `slot_bytes` and `slots` (4096 and 4 unless given: small slots, many chunks),
-//! `timeout` (seconds), `engine` (sockets|uring); `rendezvous` (rank 0's ip:port) and `world` meet by rendezvous
+//! `timeout` (seconds), `engine` (sockets|uring|packet); `rendezvous` (rank 0's ip:port) and `world` meet by rendezvous
 //! instead of reading the hostfile. Exits 0 only when every check passed.
 
 use std::collections::HashMap;
@@ -46,10 +46,11 @@ fn run(args: &HashMap<String, String>) -> anyhow::Result<()> {
         None => Communicator::from_hostfile(get("hostfile")?.as_ref(), rank, opts)?,
     };
     println!(
-        "rank {rank} of {} ({} topology, {} rails)",
+        "rank {rank} of {} ({} topology, {} rails, {} engine)",
         comm.world_size(),
         comm.topology(),
-        comm.rails()
+        comm.rails(),
+        comm.engine().name()
     );
     match get("scenario")?.as_str() {
         "suite" => {

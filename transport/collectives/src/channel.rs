@@ -98,6 +98,8 @@ pub(crate) struct Channel {
     reposts_due: usize,
     /// Receive completions polled, for lending the next slot (see `lend_next_slot`).
     recv_seen: u64,
+    /// Whether the engine receives into lent slots (only the sockets engine does).
+    lends: bool,
 }
 
 /// Consumed receives are posted again once this many are due: one engine call per batch
@@ -126,7 +128,7 @@ impl Channel {
             wr_id: 0,
             local: inbox.sge(0, 0),
         };
-        let ch = Channel {
+        let mut ch = Channel {
             peer,
             qp,
             cq,
@@ -150,9 +152,11 @@ impl Channel {
             recv_wrs: vec![recv_wr; recv_depth.max(POLL_BATCH + REPOST_BATCH)],
             reposts_due: 0,
             recv_seen: 0,
+            lends: false,
         };
         ch.post_recvs(recv_depth)?;
         ch.qp.set_send_headroom(true)?;
+        ch.lends = ch.engine_kind() == tbrdma_verbs::EngineKind::Sockets;
         ch.lend_next_slot();
         Ok(ch)
     }
@@ -239,7 +243,7 @@ impl Channel {
     /// completion, after which this runs again. Only a speed-up: it fails only when the queue
     /// pair is gone, which the next poll reports.
     fn lend_next_slot(&self) {
-        if self.arrived_total - self.consumed < self.slots {
+        if self.lends && self.arrived_total - self.consumed < self.slots {
             let at = self.slot_offset(self.arrived_total);
             let lent = self
                 .qp
@@ -354,6 +358,11 @@ impl Channel {
             self.credited = self.consumed;
         }
         Ok(())
+    }
+
+    /// The datagram backend carrying this channel.
+    pub fn engine_kind(&self) -> tbrdma_verbs::EngineKind {
+        self.qp.device().engine_kind()
     }
 
     /// Whether the connection ended (the peer closed it, or it failed with receives posted).

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use tbrdma_netdev::hostfile::{Hostfile, TopologyKind};
 use tbrdma_verbs::{
-    Access, Config, Connected, Device, DeviceConfig, EngineConfig, Listener, QpOptions, VerbsError,
-    connect,
+    Access, Config, Connected, Device, DeviceConfig, EngineConfig, EngineKind, Listener, QpOptions,
+    VerbsError, connect,
 };
 
 use crate::channel::{ABORT_SELF, Channel, Fault};
@@ -208,7 +208,7 @@ impl Communicator {
             links.sort_by_key(|l| l.rail);
             links.truncate(rails);
             let ips: Vec<String> = links.iter().map(|l| l.address.to_string()).collect();
-            let end = comm.open_end(peer, &ips)?;
+            let end = comm.open_end(peer, &ips, false)?;
             let port = comm.pair_port(peer)?;
             let listener = if peer > rank {
                 let at = SocketAddr::new(IpAddr::V4(links[0].address), port);
@@ -253,10 +253,16 @@ impl Communicator {
 
     /// Opens a device on the local addresses `ips` (one per rail) and registers the slots of
     /// a connection to `peer`.
-    pub(crate) fn open_end(&self, peer: usize, ips: &[String]) -> Result<End> {
+    pub(crate) fn open_end(&self, peer: usize, ips: &[String], relayed: bool) -> Result<End> {
         let names: Vec<&str> = ips.iter().map(String::as_str).collect();
+        // The packet engine's frames are not IP: the hosts in between a kernel-relayed
+        // connection would not forward them, so such an end uses the sockets engine.
+        let engine_kind = match self.opts.engine {
+            EngineKind::Packet if relayed => EngineKind::Sockets,
+            kind => kind,
+        };
         let engine = EngineConfig {
-            engine: self.opts.engine,
+            engine: engine_kind,
             progress: self.opts.progress,
             keeper_period: KEEPER_PERIOD,
             ..EngineConfig::default()
@@ -369,6 +375,17 @@ impl Communicator {
     /// Number of ranks.
     pub fn world_size(&self) -> usize {
         self.world
+    }
+
+    /// The datagram backend of the connections to neighbours: the one asked for, or sockets
+    /// where it was unavailable (a connection relayed by the kernels in between always uses
+    /// sockets when the packet engine was asked for).
+    pub fn engine(&self) -> EngineKind {
+        self.chans
+            .iter()
+            .zip(&self.cabled)
+            .find_map(|(chan, &cabled)| chan.as_ref().filter(|_| cabled))
+            .map_or(self.opts.engine, Channel::engine_kind)
     }
 
     /// The cluster's shape.

@@ -130,7 +130,7 @@ impl Communicator {
             op,
             after: timeout,
         };
-        let end = self.open_end(peer, &[ends.local.to_string()])?;
+        let end = self.open_end(peer, &[ends.local.to_string()], true)?;
         let peer_end = SocketAddr::new(IpAddr::V4(ends.peer), port);
         let (digest, connected) = if local < peer {
             // Nothing listens at the peer's end on this port, so a refusal proves the path, both

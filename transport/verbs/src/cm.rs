@@ -72,6 +72,32 @@ struct Frame {
     max_datagram: u32,
     token: u64,
     private: Vec<u8>,
+    /// The sender's datagrams travel as Ethernet frames (the packet engine) rather than UDP.
+    /// Sent as one byte after the private data; a frame without it (an older build) means UDP.
+    framed: bool,
+}
+
+/// Whether `device` carries its datagrams as Ethernet frames (see [`Frame::framed`]).
+fn framed(device: &Device) -> bool {
+    device.engine_kind() == tbrdma_engine::io::EngineKind::Packet
+}
+
+/// The refusal when the two sides carry datagrams differently: neither would see the other's.
+fn path_mismatch(ours: bool, theirs: bool) -> Option<String> {
+    let how = |framed: bool| {
+        if framed {
+            "as Ethernet frames (the packet engine)"
+        } else {
+            "over UDP (the sockets or io_uring engine)"
+        }
+    };
+    (ours != theirs).then(|| {
+        format!(
+            "this side sends datagrams {} and the peer {}: use the same engine on both (the packet engine needs root on both hosts; the sockets engine works everywhere)",
+            how(ours),
+            how(theirs)
+        )
+    })
 }
 
 fn write_frame(stream: &mut TcpStream, f: &Frame) -> std::io::Result<()> {
@@ -93,6 +119,7 @@ fn write_frame(stream: &mut TcpStream, f: &Frame) -> std::io::Result<()> {
     body.extend_from_slice(&f.token.to_le_bytes());
     body.extend_from_slice(&(f.private.len() as u32).to_le_bytes());
     body.extend_from_slice(&f.private);
+    body.push(u8::from(f.framed));
     stream.write_all(&(body.len() as u32).to_le_bytes())?;
     stream.write_all(&body)?;
     stream.flush()
@@ -108,7 +135,7 @@ fn read_frame(stream: &mut TcpStream, peer: &str) -> Result<Frame> {
         .read_exact(&mut len)
         .map_err(|e| bad(&format!("reading the setup message: {e}")))?;
     let len = u32::from_le_bytes(len) as usize;
-    if !(HEADER_LEN..=HEADER_LEN + 18 * (MAX_RAILS - 1) + MAX_PRIVATE).contains(&len) {
+    if !(HEADER_LEN..=HEADER_LEN + 18 * (MAX_RAILS - 1) + MAX_PRIVATE + 1).contains(&len) {
         return Err(bad("not a tbrdma connection manager (bad frame length)"));
     }
     let mut body = vec![0u8; len];
@@ -152,6 +179,7 @@ fn read_frame(stream: &mut TcpStream, peer: &str) -> Result<Frame> {
         .get(fixed + 20..fixed + 20 + plen)
         .ok_or_else(|| bad("private data truncated"))?
         .to_vec();
+    let framed = body.get(fixed + 20 + plen) == Some(&1);
     Ok(Frame {
         kind,
         data_addrs,
@@ -159,6 +187,7 @@ fn read_frame(stream: &mut TcpStream, peer: &str) -> Result<Frame> {
         max_datagram,
         token,
         private,
+        framed,
     })
 }
 
@@ -320,6 +349,25 @@ impl Listener {
                 detail: "expected a hello".into(),
             });
         }
+        if let Some(detail) = path_mismatch(framed(&self.device), hello.framed) {
+            // Tell the client why too (a refusal carries its reason as private data).
+            let refusal = Frame {
+                kind: 3,
+                data_addrs: self.device.data_addrs().to_vec(),
+                qp_num: 0,
+                max_datagram: 0,
+                token: 0,
+                private: path_mismatch(hello.framed, framed(&self.device))
+                    .unwrap_or_default()
+                    .into_bytes(),
+                framed: framed(&self.device),
+            };
+            let _ = write_frame(&mut stream, &refusal);
+            return Err(VerbsError::Handshake {
+                peer: peer_name,
+                detail,
+            });
+        }
         let qp_num = self.device.inner.engine.lock().reserve_qpn();
         let token = random_u64();
         let welcome = Frame {
@@ -329,6 +377,7 @@ impl Listener {
             max_datagram: self.device.inner.engine.config().max_datagram as u32,
             token,
             private: opts.private_data.clone(),
+            framed: framed(&self.device),
         };
         // The connection exists before the client hears of it, so its CONNECT finds it.
         let agreed = Agreed {
@@ -443,6 +492,7 @@ pub fn connect(
         max_datagram: device.inner.engine.config().max_datagram as u32,
         token: 0,
         private: opts.private_data.clone(),
+        framed: framed(device),
     };
     let peer_name = server.to_string();
     write_frame(&mut stream, &hello).map_err(|e| VerbsError::Handshake {
@@ -460,6 +510,12 @@ pub fn connect(
         return Err(VerbsError::Handshake {
             peer: peer_name,
             detail: "expected a welcome".into(),
+        });
+    }
+    if let Some(detail) = path_mismatch(framed(device), welcome.framed) {
+        return Err(VerbsError::Handshake {
+            peer: peer_name,
+            detail,
         });
     }
     let agreed = Agreed {

@@ -339,3 +339,57 @@ fn a_second_peer_is_reachable_after_the_first_had_the_socket_to_itself() {
         write_from_each(&server_dev, &target, &clients, round);
     }
 }
+
+/// A client whose datagrams travel as Ethernet frames (the packet engine) and a server on UDP
+/// would never hear each other: both refuse at setup, naming the fix. Needs root for the
+/// packet engine (skipped otherwise, when the engine falls back to sockets).
+#[test]
+fn a_peer_on_the_other_kind_of_data_path_is_refused_naming_the_fix() {
+    let packet = DeviceConfig {
+        engine: EngineConfig {
+            engine: EngineKind::Packet,
+            ..caller().engine
+        },
+        port: 0,
+    };
+    let client_dev = Device::open("127.0.0.1", packet).unwrap();
+    if client_dev.engine_kind() != EngineKind::Packet {
+        println!(
+            "skipping: {}",
+            client_dev.engine_fallback().unwrap_or("no packet engine")
+        );
+        return;
+    }
+    let Server {
+        dev: _server_dev,
+        pd: server_pd,
+        cq: server_cq,
+        listener,
+        ..
+    } = common::server(caller(), 4096, 16);
+    let addr = listener.local_addr().unwrap();
+    let accept = std::thread::spawn(move || {
+        listener.accept(
+            &server_pd,
+            &server_cq,
+            &server_cq,
+            &QpOptions::default(),
+            Some(Duration::from_secs(10)),
+        )
+    });
+    let pd = client_dev.alloc_pd();
+    let cq = client_dev.create_cq(16);
+    let client_err = connect(&pd, addr, &cq, &cq, &QpOptions::default()).unwrap_err();
+    let server_err = accept.join().unwrap().unwrap_err();
+    for (side, err) in [("client", client_err), ("server", server_err)] {
+        let msg = err.to_string();
+        assert!(
+            matches!(err, VerbsError::Handshake { .. }),
+            "{side}: {err:?}"
+        );
+        assert!(
+            msg.contains("Ethernet frames") && msg.contains("use the same engine on both"),
+            "{side}: {msg}"
+        );
+    }
+}

@@ -5,6 +5,7 @@
 //! `recvmmsg`). [`open`] picks io_uring when the kernel offers it and falls back to sockets
 //! when it is missing or denied (ENOSYS, EPERM: Docker's default seccomp profile), logging why.
 
+pub mod packet;
 pub mod sockets;
 pub mod uring;
 
@@ -23,6 +24,9 @@ pub enum EngineKind {
     Uring,
     /// Nonblocking `sendmmsg` / `recvmmsg` (any Linux).
     Sockets,
+    /// Ethernet frames of tbrdma's own type on an `AF_PACKET` socket, received through a ring
+    /// shared with the kernel (needs `CAP_NET_RAW` and IPv4 rails; both ends must use it).
+    Packet,
 }
 
 impl EngineKind {
@@ -31,6 +35,7 @@ impl EngineKind {
         match self {
             EngineKind::Uring => "uring",
             EngineKind::Sockets => "sockets",
+            EngineKind::Packet => "packet",
         }
     }
 }
@@ -41,8 +46,9 @@ impl std::str::FromStr for EngineKind {
         match s {
             "uring" | "io_uring" => Ok(EngineKind::Uring),
             "sockets" | "socket" => Ok(EngineKind::Sockets),
+            "packet" | "af_packet" => Ok(EngineKind::Packet),
             other => Err(format!(
-                "unknown engine {other:?}: use \"uring\" or \"sockets\""
+                "unknown engine {other:?}: use \"uring\", \"sockets\" or \"packet\""
             )),
         }
     }
@@ -322,6 +328,24 @@ pub fn open(
             Box::new(sockets::SocketIo::new(socket, max_datagram)?),
             None,
         )),
+        EngineKind::Packet => match packet::PacketIo::new(socket.try_clone()?, max_datagram) {
+            Ok(io) => Ok((Box::new(io), None)),
+            Err(e) => {
+                let hint = if e.raw_os_error() == Some(libc::EPERM) {
+                    " (it needs CAP_NET_RAW: run as root)"
+                } else {
+                    ""
+                };
+                let why = format!(
+                    "the packet engine is unavailable: {e}{hint}; using the sockets engine"
+                );
+                tracing::warn!("{why}");
+                Ok((
+                    Box::new(sockets::SocketIo::new(socket, max_datagram)?),
+                    Some(why),
+                ))
+            }
+        },
         EngineKind::Uring => {
             match uring::UringIo::new(socket.try_clone()?, max_datagram, single_issuer) {
                 Ok(io) => Ok((Box::new(io), None)),
