@@ -18,6 +18,10 @@
 // Engine backend: nonblocking sockets.
 #define TBRDMA_ENGINE_SOCKETS 1
 
+// Engine backend: Ethernet frames on an `AF_PACKET` socket with a shared receive ring (needs
+// `CAP_NET_RAW` and IPv4 addresses, else falls back to sockets; every rank must use it).
+#define TBRDMA_ENGINE_PACKET 2
+
 // Progress: a background engine thread per device.
 #define TBRDMA_PROGRESS_THREAD 0
 
