@@ -891,7 +891,12 @@ impl Engine {
     /// load. Linux reports twice the usable size, and each datagram costs some bookkeeping.
     pub fn window_limit(&self, max_datagram: usize) -> u32 {
         let usable = self.rcvbuf / 2;
-        u32::try_from((usable / (max_datagram + 1024)).max(4)).unwrap_or(u32::MAX)
+        let by_buffer = u32::try_from((usable / (max_datagram + 1024)).max(4)).unwrap_or(u32::MAX);
+        match self.kind {
+            // The packet engine's ring holds a fixed number of frames, whatever their size.
+            EngineKind::Packet => by_buffer.min(crate::io::packet::RING_FRAMES as u32),
+            _ => by_buffer,
+        }
     }
 
     /// What the kernel offered at start-up.
