@@ -134,11 +134,50 @@ impl Lab {
         }
     }
 
-    /// Datagrams the rules of [`Self::impair`] hit so far, over all ranks.
+    /// Makes every rank's kernel inflict `faults` on the tbrdma Ethernet frames it sends (the
+    /// packet engine's, which carry no IP header for [`Self::impair`]'s rules to see), with
+    /// nftables' `netdev` egress hook on every cable (Linux 5.16+). Returns why not when this
+    /// kernel or nft lacks that hook.
+    pub fn impair_frames(&self, faults: Faults) -> Result<(), String> {
+        for (rank, host) in self.hostfile.ranks.iter().enumerate() {
+            let mut rules = format!("add table netdev {FAULT_TABLE}\n");
+            for (i, link) in host.links.iter().enumerate() {
+                let dev = &link.interface;
+                rules.push_str(&format!(
+                    "add chain netdev {FAULT_TABLE} out{i} {{ type filter hook egress device \"{dev}\" priority 0; }}\n"
+                ));
+                let mut rule = |per_mille: u64, action: &str| {
+                    if per_mille > 0 {
+                        rules.push_str(&format!(
+                            "add rule netdev {FAULT_TABLE} out{i} ether type 0x88b5 \
+                             numgen random mod 1000 < {per_mille} counter {action}\n"
+                        ));
+                    }
+                };
+                rule(
+                    faults.duplicate,
+                    &format!("dup to \"{dev}\" comment \"duplicate\""),
+                );
+                // Bits 944-975 of the frame: Ethernet header (14 B), address shim (12 B),
+                // tbrdma header (72 B), then payload bytes 20-23.
+                rule(
+                    faults.corrupt,
+                    "@ll,944,32 set 0x5a5a5a5a comment \"corrupt\"",
+                );
+                rule(faults.drop, "drop comment \"drop\"");
+            }
+            self.try_nft(rank, &["-f", "-"], Some(&rules))
+                .map_err(|e| format!("nftables cannot impair frames here: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Datagrams and frames the rules of [`Self::impair`] and [`Self::impair_frames`] hit so
+    /// far, over all ranks.
     pub fn faults_done(&self) -> Faults {
         let mut done = Faults::default();
         for rank in 0..self.hostfile.ranks.len() {
-            let listing = self.nft(rank, &["list", "table", "ip", FAULT_TABLE], None);
+            let listing = self.nft(rank, &["list", "ruleset"], None);
             for line in listing.lines().filter(|l| l.contains("counter packets")) {
                 let packets = line
                     .split_whitespace()
@@ -161,8 +200,17 @@ impl Lab {
         done
     }
 
-    /// Runs `nft args` in `rank`'s namespace, with `input` on stdin; returns its output.
+    /// Runs `nft args` in `rank`'s namespace, with `input` on stdin; returns its output, or
+    /// panics naming the fix.
     fn nft(&self, rank: usize, args: &[&str], input: Option<&str>) -> String {
+        self.try_nft(rank, args, input).unwrap_or_else(|e| {
+            panic!("{e} (the fault tests need nftables: apt-get install nftables)")
+        })
+    }
+
+    /// Runs `nft args` in `rank`'s namespace, with `input` on stdin; returns its output or
+    /// what went wrong.
+    fn try_nft(&self, rank: usize, args: &[&str], input: Option<&str>) -> Result<String, String> {
         use std::io::Write;
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.namespace(rank), "nft"])
@@ -178,14 +226,14 @@ impl Lab {
         }
         drop(stdin);
         let out = child.wait_with_output().expect("wait for nft");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "nft {args:?} in {} failed: {stderr} (the fault tests need nftables: \
-             apt-get install nftables)",
-            self.namespace(rank)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        if !out.status.success() {
+            return Err(format!(
+                "nft {args:?} in {} failed: {}",
+                self.namespace(rank),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }
 

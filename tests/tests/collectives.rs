@@ -54,6 +54,12 @@ fn run_suite(
     };
     if faults != Faults::default() {
         lab.impair(faults);
+        if args.iter().any(|a| a == "engine=packet") {
+            if let Err(why) = lab.impair_frames(faults) {
+                eprintln!("skipping: {why}");
+                return;
+            }
+        }
     }
     let children = spawn_all(&lab, "suite", args);
     let outputs: Vec<_> = children.into_iter().map(finish).collect();
@@ -166,6 +172,11 @@ fn two_ranks_on_a_faulty_cable_stay_exact() {
 #[test]
 fn two_ranks_on_two_faulty_cables_stay_exact() {
     faulty_suite("f2r", 2, LabTopology::Pair, 2, "uring");
+}
+
+#[test]
+fn two_ranks_with_the_packet_engine_on_a_faulty_cable_stay_exact() {
+    faulty_suite("f2p", 2, LabTopology::Pair, 1, "packet");
 }
 
 #[test]
