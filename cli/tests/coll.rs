@@ -141,6 +141,8 @@ fn allreduce_sweeps_sizes_checks_every_iteration_and_prints_nccl_tests_rows() {
         "{table}"
     );
     assert!(table.contains("#   median per call"), "{table}");
+    // As root (the lab needs it) the default engine is the packet engine.
+    assert!(table.contains(", packet engine,"), "{table}");
 }
 
 #[test]

@@ -29,13 +29,14 @@ static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 const USAGE: &str = "usage: collbench [--rounds N] [--ranks 2|4] [--dtypes f32,bf16] \
-                     [--sizes 16K,256K,64M] [--pause SECONDS] [--tbrdma PATH]
+                     [--sizes 16K,256K,64M] [--pause SECONDS] [--engine sockets|uring|packet] \
+                     [--tbrdma PATH]
   Run as root. Builds a lab, runs tbrdma allreduce against the TCP ring and the UDP floors
   in every rank, alternating within each round, and prints medians, per-round ratios and
   verdicts against issue 6's targets. Build the CLI first: cargo build --release -p tbrdma-cli.
   --pause S sleeps S seconds before every run, so that a VM that slows down under sustained
   load (this project's seems to, after a few seconds of busy-polling) measures every run at
-  full speed.";
+  full speed. --engine picks tbrdma's datagram backend (default: the CLI's, sockets).";
 
 struct Options {
     rounds: usize,
@@ -43,6 +44,8 @@ struct Options {
     dtypes: Vec<String>,
     sizes: Vec<String>,
     pause: std::time::Duration,
+    /// tbrdma's datagram backend (`--engine` of `tbrdma allreduce`), if not the default.
+    engine: Option<String>,
     tbrdma: PathBuf,
 }
 
@@ -53,6 +56,7 @@ fn parse_args() -> anyhow::Result<Options> {
         dtypes: vec!["f32".into(), "bf16".into()],
         sizes: vec!["16K".into(), "256K".into(), "64M".into()],
         pause: std::time::Duration::ZERO,
+        engine: None,
         tbrdma: std::env::current_exe()?.with_file_name("tbrdma"),
     };
     let mut args = std::env::args().skip(1);
@@ -67,6 +71,7 @@ fn parse_args() -> anyhow::Result<Options> {
             "--dtypes" => options.dtypes = value()?.split(',').map(String::from).collect(),
             "--sizes" => options.sizes = value()?.split(',').map(String::from).collect(),
             "--tbrdma" => options.tbrdma = value()?.into(),
+            "--engine" => options.engine = Some(value()?),
             "--pause" => {
                 let secs: f64 = value()?.parse().context("--pause")?;
                 options.pause = std::time::Duration::try_from_secs_f64(secs)
@@ -229,10 +234,11 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     println!(
         "# lab {name}: {} ranks ({topology:?}), one veth cable per neighbour, MTU 65520; every rank \
          one unpinned process busy-polling (caller progress), {} ranks on {cores} cores; \
-         {:.1} s pause before each run; load average {}",
+         {:.1} s pause before each run; tbrdma's engine: {}; load average {}",
         options.ranks,
         options.ranks,
         options.pause.as_secs_f64(),
+        options.engine.as_deref().unwrap_or("sockets (default)"),
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
             .split(' ')
@@ -266,7 +272,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
                     ));
                 }
                 for (t, transport) in transports.iter().enumerate() {
-                    let args: Vec<String> = [
+                    let mut args: Vec<String> = [
                         "-b",
                         size,
                         "-e",
@@ -282,6 +288,9 @@ fn run(options: &Options) -> anyhow::Result<bool> {
                     ]
                     .map(String::from)
                     .to_vec();
+                    if let (&"tbrdma", Some(engine)) = (transport, &options.engine) {
+                        args.extend(["--engine".to_string(), engine.clone()]);
+                    }
                     port = if port > 60_000 { 22_000 } else { port + 40 };
                     std::thread::sleep(options.pause);
                     let figures = run_case(options, &name, &args, port)?;

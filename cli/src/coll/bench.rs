@@ -130,9 +130,10 @@ pub fn run(kind: Kind, args: BenchArgs) -> anyhow::Result<u64> {
     let quiet = rank != 0;
     if !quiet && !args.json {
         println!(
-            "# tbrdma {kind:?}: {world} ranks, {} topology, {} rails per neighbour, algorithm {}",
+            "# tbrdma {kind:?}: {world} ranks, {} topology, {} rails per neighbour, {} engine, algorithm {}",
             comm.topology(),
             comm.rails(),
+            comm.engine().name(),
             args.comm.algo
         );
         header();

@@ -63,9 +63,10 @@ pub struct CommArgs {
     /// Use at most this many cables per neighbour (0: every cable in the hostfile).
     #[arg(long, default_value_t = 0)]
     pub rails: usize,
-    /// Datagram backend: sockets (the default), uring, or packet (Ethernet frames with a
-    /// shared receive ring: the lowest latency, needs root, every rank must use it).
-    #[arg(long, default_value = "sockets")]
+    /// Datagram backend: packet (the default: Ethernet frames with a receive ring shared with
+    /// the kernel, the lowest latency; needs root, else sockets is used, and every rank must end
+    /// up on the same one), sockets, or uring.
+    #[arg(long, default_value = "packet")]
     pub engine: String,
     /// Who runs the engine: caller (spins inside collectives) or thread.
     #[arg(long, default_value = "caller")]
