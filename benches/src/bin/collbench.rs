@@ -36,7 +36,7 @@ const USAGE: &str = "usage: collbench [--rounds N] [--ranks 2|4] [--dtypes f32,b
   verdicts against issue 6's targets. Build the CLI first: cargo build --release -p tbrdma-cli.
   --pause S sleeps S seconds before every run, so that a VM that slows down under sustained
   load (this project's seems to, after a few seconds of busy-polling) measures every run at
-  full speed. --engine picks tbrdma's datagram backend (default: the CLI's, sockets).";
+  full speed. --engine picks tbrdma's datagram backend (default: the CLI's, packet).";
 
 struct Options {
     rounds: usize,
@@ -238,7 +238,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         options.ranks,
         options.ranks,
         options.pause.as_secs_f64(),
-        options.engine.as_deref().unwrap_or("sockets (default)"),
+        options.engine.as_deref().unwrap_or("the CLI's default (packet, or sockets without root)"),
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
             .split(' ')
