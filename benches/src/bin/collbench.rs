@@ -238,7 +238,10 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         options.ranks,
         options.ranks,
         options.pause.as_secs_f64(),
-        options.engine.as_deref().unwrap_or("the CLI's default (packet, or sockets without root)"),
+        options
+            .engine
+            .as_deref()
+            .unwrap_or("the CLI's default (packet, or sockets without root)"),
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
             .split(' ')

@@ -26,10 +26,11 @@ pub struct ConnectArgs {
     /// Interface of the link to use (`thunderbolt0`).
     #[arg(long, value_name = "NAME")]
     pub iface: Option<String>,
-    /// Datagram backend; io_uring falls back to sockets when the kernel refuses it. Sockets is
-    /// the default with caller progress: measured over veth (docs/performance.md), io_uring
-    /// then costs ~45 µs more per round trip (each receive completion interrupts the polling
-    /// CPU when the ring cannot be single-issuer).
+    /// Datagram backend; io_uring falls back to sockets when the kernel refuses it, packet
+    /// (Ethernet frames, both ends must use it) without root. Sockets is the default with
+    /// caller progress: measured over veth (docs/performance.md), io_uring then costs ~45 µs
+    /// more per round trip (each receive completion interrupts the polling CPU when the ring
+    /// cannot be single-issuer).
     #[arg(long, value_enum, default_value_t = EngineArg::Sockets)]
     pub engine: EngineArg,
     /// Who runs the engine: `caller` spins in this thread (one core per process), `thread`
@@ -58,6 +59,8 @@ pub enum EngineArg {
     Uring,
     /// Nonblocking sendmmsg/recvmmsg.
     Sockets,
+    /// Ethernet frames with a receive ring shared with the kernel (root; both ends).
+    Packet,
 }
 
 /// `--progress`.

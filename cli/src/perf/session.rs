@@ -142,6 +142,7 @@ pub fn open_device(
         engine: match args.engine {
             EngineArg::Uring => EngineKind::Uring,
             EngineArg::Sockets => EngineKind::Sockets,
+            EngineArg::Packet => EngineKind::Packet,
         },
         progress: match args.progress {
             ProgressArg::Caller => Progress::Caller,
