@@ -1,6 +1,6 @@
 //! `tbrdma pingpong`, `tbrdma bw` and `tbrdma devices` as a user runs them: server and client
 //! in two network namespaces of a lab joined by a veth "cable" (MTU 65520), every operation,
-//! a size sweep, `--verify`, `--json` parsed and checked for sane numbers, both engines, and
+//! a size sweep, `--verify`, `--json` parsed and checked for sane numbers, every engine, and
 //! each failure with its one-line message and exit status.
 //!
 //! The lab tests need root and skip (saying so) without it. They never assert on timing, and run
@@ -155,7 +155,7 @@ fn check_latency(v: &Value, op: &str, bytes: u64, iters: u64) {
     assert_eq!(v["iters"].as_u64(), Some(iters), "{v}");
     assert_eq!(v["verified"], true, "{v}");
     assert!(
-        matches!(v["engine"].as_str(), Some("uring" | "sockets")),
+        matches!(v["engine"].as_str(), Some("uring" | "sockets" | "packet")),
         "{v}"
     );
     let (min, max) = (num(v, "t_min_us"), num(v, "t_max_us"));
@@ -182,11 +182,11 @@ fn check_bandwidth(v: &Value, op: &str, bytes: u64, iters: Option<u64>) {
 }
 
 #[test]
-fn every_pingpong_op_with_both_engines_verified_and_as_json() {
+fn every_pingpong_op_with_every_engine_verified_and_as_json() {
     let Some((_serial, lab)) = lab("pp") else {
         return;
     };
-    for engine in ["uring", "sockets"] {
+    for engine in ["uring", "sockets", "packet"] {
         for op in ["write", "send", "read", "atomic"] {
             let mut args = vec!["--op", op, "--engine", engine];
             args.extend(["--iters", "40", "--warmup", "4", "--verify", "--json"]);
@@ -279,7 +279,7 @@ fn bw_streams_every_op_over_several_connections_and_both_directions() {
     let Some((_serial, lab)) = lab("bw") else {
         return;
     };
-    for engine in ["uring", "sockets"] {
+    for engine in ["uring", "sockets", "packet"] {
         for op in ["write", "send", "read"] {
             let args = [
                 "--op", op, "--engine", engine, "--size", "65536", "--size", "4096",
