@@ -640,6 +640,16 @@ fn link_config(opts: &CommOptions) -> Config {
     while config.retry_budget() < opts.timeout / 2 && config.max_retries < 10_000 {
         config.max_retries += 1;
     }
+    // A rank may send its first message before its neighbour has posted the receives for it:
+    // the neighbour's engine (a thread, in thread progress) answers "not ready" until that
+    // neighbour finishes building its channels, which on a busy 2-core machine took longer
+    // than the default 7 retries 100 µs apart (RnrRetryExceeded at start-up, seen with
+    // --progress thread). Afterwards flow control keeps receives posted, so a long budget only
+    // matters then: as long as the retransmission budget, at 1 ms a retry.
+    config.rnr_delay = Duration::from_millis(1);
+    config.max_rnr_retries = u32::try_from((opts.timeout / 2).as_millis())
+        .unwrap_or(u32::MAX)
+        .max(7);
     config
 }
 
