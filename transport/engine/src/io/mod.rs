@@ -242,6 +242,25 @@ impl TxBatch {
         self.parts[i].as_ref()
     }
 
+    /// Datagram `i` as iovecs for the kernel: its buffer, then its region part (empty when it
+    /// has none). The pointers stay valid while the batch holds the datagram.
+    pub fn iovecs(&self, i: usize) -> [libc::iovec; 2] {
+        let (data, _) = self.get(i);
+        let (part, part_len) = self.parts[i]
+            .as_ref()
+            .map_or((std::ptr::null(), 0), |p| (p.as_ptr(), p.len()));
+        [
+            libc::iovec {
+                iov_base: data.as_ptr() as *mut libc::c_void,
+                iov_len: data.len(),
+            },
+            libc::iovec {
+                iov_base: part as *mut libc::c_void,
+                iov_len: part_len,
+            },
+        ]
+    }
+
     /// Length of datagram `i` on the wire (both parts).
     pub fn datagram_len(&self, i: usize) -> usize {
         self.lens[i] + self.parts[i].as_ref().map_or(0, RegionPart::len)
@@ -277,6 +296,28 @@ pub(crate) fn filtered_on_the_way_out(errno: Option<i32>, warned: &mut bool) -> 
         );
     }
     true
+}
+
+/// Blocks until `fd` or `wake` is readable or `timeout` passed (a signal ends it early, which
+/// is fine: callers treat every return as "maybe").
+pub(crate) fn wait_readable(
+    fd: std::os::fd::BorrowedFd<'_>,
+    wake: std::os::fd::BorrowedFd<'_>,
+    timeout: std::time::Duration,
+) -> io::Result<()> {
+    use nix::poll::{PollFd, PollFlags, ppoll};
+    let mut fds = [
+        PollFd::new(fd, PollFlags::POLLIN),
+        PollFd::new(wake, PollFlags::POLLIN),
+    ];
+    match ppoll(
+        &mut fds,
+        Some(nix::sys::time::TimeSpec::from_duration(timeout)),
+        None,
+    ) {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// One UDP socket's datagram traffic.

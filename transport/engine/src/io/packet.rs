@@ -27,10 +27,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use nix::poll::{PollFd, PollFlags, ppoll};
-use nix::sys::time::TimeSpec;
-
-use super::{DatagramIo, EngineKind, Landing, TxBatch, filtered_on_the_way_out};
+use super::{DatagramIo, EngineKind, Landing, TxBatch, filtered_on_the_way_out, wait_readable};
 
 /// The Ethernet type of tbrdma frames: 0x88B5 is reserved for local experiments (IEEE 802).
 pub const ETHERTYPE: u16 = 0x88b5;
@@ -362,7 +359,7 @@ impl DatagramIo for PacketIo {
 
     fn send(&mut self, batch: &mut TxBatch) -> io::Result<()> {
         for i in 0..batch.len() {
-            let (data, dest) = batch.get(i);
+            let dest = batch.get(i).1;
             let SocketAddr::V4(to) = dest else {
                 // An IPv6 peer cannot be reached from an IPv4 rail: lost, as on a wrong route.
                 self.send_drops += 1;
@@ -370,26 +367,14 @@ impl DatagramIo for PacketIo {
             };
             let mac = self.mac_for(*to.ip());
             let head = shim(to, self.local);
-            let part = batch.part(i);
+            let [buffer, part] = batch.iovecs(i);
             let mut iov = [
                 libc::iovec {
                     iov_base: head.as_ptr() as *mut _,
                     iov_len: SHIM,
                 },
-                libc::iovec {
-                    iov_base: data.as_ptr() as *mut _,
-                    iov_len: data.len(),
-                },
-                part.map_or(
-                    libc::iovec {
-                        iov_base: std::ptr::null_mut(),
-                        iov_len: 0,
-                    },
-                    |p| libc::iovec {
-                        iov_base: p.as_ptr() as *mut _,
-                        iov_len: p.len(),
-                    },
-                ),
+                buffer,
+                part,
             ];
             // SAFETY: an all-zero sockaddr_ll is valid; the fields that matter are set below.
             let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -403,7 +388,7 @@ impl DatagramIo for PacketIo {
             msg.msg_name = &mut ll as *mut _ as *mut libc::c_void;
             msg.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
             msg.msg_iov = iov.as_mut_ptr();
-            msg.msg_iovlen = if part.is_some() { 3 } else { 2 };
+            msg.msg_iovlen = if part.iov_len > 0 { 3 } else { 2 };
             let mut retries = 0;
             loop {
                 // SAFETY: `msg` points at `ll`, `iov` and through it at `head`, the batch's
@@ -475,14 +460,7 @@ impl DatagramIo for PacketIo {
         if self.ring.ready(self.ring.next).is_some() {
             return Ok(());
         }
-        let mut fds = [
-            PollFd::new(self.fd.as_fd(), PollFlags::POLLIN),
-            PollFd::new(wake, PollFlags::POLLIN),
-        ];
-        match ppoll(&mut fds, Some(TimeSpec::from_duration(timeout)), None) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        wait_readable(self.fd.as_fd(), wake, timeout)
     }
 
     fn send_drops(&self) -> u64 {

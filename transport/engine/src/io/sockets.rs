@@ -16,12 +16,9 @@ use std::os::fd::AsRawFd;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
-use nix::poll::{PollFd, PollFlags, ppoll};
-use nix::sys::time::TimeSpec;
-
 use tbrdma_proto::wire::MAX_HEADER_LEN;
 
-use super::{DatagramIo, EngineKind, Landing, TxBatch, filtered_on_the_way_out};
+use super::{DatagramIo, EngineKind, Landing, TxBatch, filtered_on_the_way_out, wait_readable};
 
 /// Datagrams per system call.
 const BATCH: usize = 32;
@@ -273,25 +270,10 @@ impl DatagramIo for SocketIo {
             let mut iovs = [MaybeUninit::<[libc::iovec; 2]>::uninit(); BATCH];
             let mut msgs = [MaybeUninit::<libc::mmsghdr>::uninit(); BATCH];
             for i in 0..n {
-                let (data, dest) = batch.get(start + i);
+                let dest = batch.get(start + i).1;
                 let part = batch.part(start + i);
                 names[i].write(to_raw(&dest));
-                iovs[i].write([
-                    libc::iovec {
-                        iov_base: data.as_ptr() as *mut _,
-                        iov_len: data.len(),
-                    },
-                    part.map_or(
-                        libc::iovec {
-                            iov_base: std::ptr::null_mut(),
-                            iov_len: 0,
-                        },
-                        |p| libc::iovec {
-                            iov_base: p.as_ptr() as *mut _,
-                            iov_len: p.len(),
-                        },
-                    ),
-                ]);
+                iovs[i].write(batch.iovecs(start + i));
                 // SAFETY: both were initialised just above.
                 let (name, iov) =
                     unsafe { (names[i].assume_init_mut(), iovs[i].assume_init_mut()) };
@@ -514,14 +496,7 @@ impl DatagramIo for SocketIo {
     }
 
     fn wait(&mut self, timeout: Duration, wake: BorrowedFd<'_>) -> io::Result<()> {
-        let mut fds = [
-            PollFd::new(self.socket.as_fd(), PollFlags::POLLIN),
-            PollFd::new(wake, PollFlags::POLLIN),
-        ];
-        match ppoll(&mut fds, Some(TimeSpec::from_duration(timeout)), None) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        wait_readable(self.socket.as_fd(), wake, timeout)
     }
 
     fn send_drops(&self) -> u64 {
