@@ -298,6 +298,15 @@ pub(crate) fn filtered_on_the_way_out(errno: Option<i32>, warned: &mut bool) -> 
     true
 }
 
+/// Whether a send failed only for now (socket buffer full, interrupted): retry it a while,
+/// then count the datagram as lost.
+pub(crate) fn is_transient(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EAGAIN) | Some(libc::ENOBUFS) | Some(libc::EINTR)
+    )
+}
+
 /// Blocks until `fd` or `wake` is readable or `timeout` passed (a signal ends it early, which
 /// is fine: callers treat every return as "maybe").
 pub(crate) fn wait_readable(

@@ -27,7 +27,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::{DatagramIo, EngineKind, Landing, TxBatch, filtered_on_the_way_out, wait_readable};
+use super::{
+    DatagramIo, EngineKind, Landing, TxBatch, filtered_on_the_way_out, is_transient, wait_readable,
+};
 
 /// The Ethernet type of tbrdma frames: 0x88B5 is reserved for local experiments (IEEE 802).
 pub const ETHERTYPE: u16 = 0x88b5;
@@ -400,10 +402,7 @@ impl DatagramIo for PacketIo {
                 }
                 let err = io::Error::last_os_error();
                 let errno = err.raw_os_error();
-                let transient = matches!(
-                    errno,
-                    Some(libc::EAGAIN) | Some(libc::ENOBUFS) | Some(libc::EINTR)
-                );
+                let transient = is_transient(&err);
                 if transient && retries < SEND_RETRIES {
                     retries += 1;
                     std::hint::spin_loop();
@@ -431,6 +430,8 @@ impl DatagramIo for PacketIo {
         _landing: &mut Option<Landing>,
         deliver: &mut dyn FnMut(&[u8], SocketAddr),
     ) -> io::Result<usize> {
+        // The shim's first half names the destination: this rail's address and port.
+        let to_us = shim(self.local, self.local);
         let mut total = 0;
         while total < BATCH {
             let i = self.ring.next;
@@ -440,11 +441,9 @@ impl DatagramIo for PacketIo {
             let data = self
                 .ring
                 .bytes(i, usize::from(hdr.tp_net), hdr.tp_snaplen as usize);
-            if let Some(frame) = data.filter(|f| {
-                hdr.tp_snaplen == hdr.tp_len
-                    && f.len() > SHIM
-                    && f[..6] == shim(self.local, self.local)[..6]
-            }) {
+            if let Some(frame) = data
+                .filter(|f| hdr.tp_snaplen == hdr.tp_len && f.len() > SHIM && f[..6] == to_us[..6])
+            {
                 let ip = Ipv4Addr::new(frame[6], frame[7], frame[8], frame[9]);
                 let port = u16::from_be_bytes([frame[10], frame[11]]);
                 deliver(&frame[SHIM..], SocketAddr::new(IpAddr::V4(ip), port));

@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use tbrdma_proto::wire::MAX_HEADER_LEN;
 
-use super::{DatagramIo, EngineKind, Landing, TxBatch, filtered_on_the_way_out, wait_readable};
+use super::{
+    DatagramIo, EngineKind, Landing, TxBatch, filtered_on_the_way_out, is_transient, wait_readable,
+};
 
 /// Datagrams per system call.
 const BATCH: usize = 32;
@@ -167,13 +169,6 @@ fn from_raw(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
         }
         _ => None,
     }
-}
-
-fn is_transient(err: &io::Error) -> bool {
-    matches!(
-        err.raw_os_error(),
-        Some(libc::EAGAIN) | Some(libc::ENOBUFS) | Some(libc::EINTR)
-    )
 }
 
 /// ICMP errors from earlier datagrams surface on later calls of an unconnected UDP socket;
