@@ -43,6 +43,7 @@ use tbrdma_proto::connection::ConnectParams;
 use tbrdma_proto::{Config, Connection, Event, Queue, RegionId, Time, WorkCompletion};
 
 use crate::cq::{Completion, CqShared};
+use crate::io::faults::{FaultPlan, FaultyIo};
 use crate::io::{DatagramIo, EngineKind, Landing, RegionPart, TxBatch, open as open_io};
 use crate::memory::Arena;
 
@@ -101,6 +102,10 @@ pub struct EngineConfig {
     /// (two iovecs), saving a user-space copy of every payload byte; smaller payloads are
     /// copied behind the header. `None` copies everything. See [`DEFAULT_GATHER_THRESHOLD`].
     pub gather_threshold: Option<usize>,
+    /// Faults to inflict on received datagrams (a faulty cable in user space, for tests and
+    /// soak runs: see [`crate::io::faults`]). `None` reads the `TBRDMA_FAULTS` environment
+    /// variable, and a healthy link when it is unset.
+    pub faults: Option<FaultPlan>,
 }
 
 /// Default of [`EngineConfig::gather_threshold`]: payloads from 1 KiB up are sent from the
@@ -155,6 +160,7 @@ impl Default for EngineConfig {
             hold_acks: true,
             gather_threshold: DEFAULT_GATHER_THRESHOLD,
             keeper_period: KEEPER_HOLD,
+            faults: None,
         }
     }
 }
@@ -716,11 +722,21 @@ fn open_rails(
     sockets: Vec<UdpSocket>,
     single_issuer: bool,
 ) -> io::Result<OpenedRails> {
+    let faults = match &config.faults {
+        Some(plan) => Some(plan.clone()),
+        None => {
+            FaultPlan::from_env().map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?
+        }
+    };
     let mut rails = Vec::with_capacity(sockets.len());
     let mut fallback = None;
-    for socket in sockets {
-        let (io, why) = open_io(config.engine, socket, config.max_datagram, single_issuer)?;
+    for (rail, socket) in sockets.into_iter().enumerate() {
+        let (mut io, why) = open_io(config.engine, socket, config.max_datagram, single_issuer)?;
         fallback = fallback.or(why);
+        if let Some(plan) = faults.as_ref().filter(|p| p.applies_to(rail)) {
+            tracing::warn!("rail {rail}: injecting faults into received datagrams: {plan:?}");
+            io = Box::new(FaultyIo::new(io, plan.clone(), rail));
+        }
         rails.push(io);
     }
     let kind = rails[0].kind();

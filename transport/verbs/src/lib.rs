@@ -76,6 +76,7 @@ pub use pd::{MemoryRegion, ProtectionDomain};
 pub use qp::QueuePair;
 pub use tbrdma_engine::cq::Completion;
 pub use tbrdma_engine::io::EngineKind;
+pub use tbrdma_engine::io::faults;
 pub use tbrdma_engine::worker::{EngineConfig, Progress, SEND_HEADROOM};
 pub use tbrdma_proto::{
     Access, Config, ConnectionError, ConnectionState, Event, RecvWr, RemoteAddr, SendOp, SendWr,

@@ -5,6 +5,7 @@
 //! `recvmmsg`). [`open`] picks io_uring when the kernel offers it and falls back to sockets
 //! when it is missing or denied (ENOSYS, EPERM: Docker's default seccomp profile), logging why.
 
+pub mod faults;
 pub mod packet;
 pub mod sockets;
 pub mod uring;
