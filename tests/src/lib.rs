@@ -26,6 +26,11 @@ impl Lab {
             eprintln!("skipping: network-namespace tests need root");
             return None;
         }
+        // The tests run programs in the namespaces with `ip netns exec`.
+        if let Err(e) = Command::new("ip").arg("-V").output() {
+            eprintln!("skipping: the `ip` tool is not installed ({e}; apt-get install iproute2)");
+            return None;
+        }
         let name = format!("t{}{}", tag, std::process::id() % 100_000);
         let options = LabOptions {
             name: name.clone(),
@@ -69,8 +74,20 @@ impl Lab {
     /// Starts the test peer `bin` (pass `env!("CARGO_BIN_EXE_tbrdma-test-peer")`) in `rank`'s
     /// namespace with `args`, output piped.
     pub fn spawn_peer(&self, bin: &str, rank: usize, args: &[String]) -> Child {
+        self.spawn_peer_with(bin, rank, args, &[])
+    }
+
+    /// [`Self::spawn_peer`] with extra environment variables.
+    pub fn spawn_peer_with(
+        &self,
+        bin: &str,
+        rank: usize,
+        args: &[String],
+        env: &[(&str, String)],
+    ) -> Child {
         Command::new(bin)
             .arg(self.namespace(rank))
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -92,6 +109,64 @@ pub struct Faults {
     pub drop: u64,
     pub duplicate: u64,
     pub corrupt: u64,
+}
+
+/// Whether the `nft` tool is here, or why not (the kernel fault tests skip without it; the
+/// user-space faulty cable of `TBRDMA_FAULTS` covers the same faults everywhere).
+pub fn nftables_available() -> Result<(), String> {
+    match Command::new("nft").arg("--version").output() {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => Err(format!(
+            "`nft --version` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Err(format!(
+            "nftables is not installed ({e}; apt-get install nftables)"
+        )),
+    }
+}
+
+impl Faults {
+    /// The same faults as a user-space plan for the engine's fault layer (`TBRDMA_FAULTS`),
+    /// seeded with `seed`, with `reorder` per mille of the datagrams overtaken as well (which
+    /// nftables cannot do).
+    pub fn user_space_plan(&self, seed: u64, reorder: u64) -> String {
+        format!(
+            "seed={seed},drop={},dup={},corrupt={},reorder={},reorder_by=300us",
+            self.drop as f64 / 1000.0,
+            self.duplicate as f64 / 1000.0,
+            self.corrupt as f64 / 1000.0,
+            reorder as f64 / 1000.0
+        )
+    }
+}
+
+/// Sums the `faults injected: …` lines (see the collectives peer) of several outputs into
+/// counts by kind: `(seen, dropped, duplicated, corrupted, reordered)`.
+pub fn faults_injected<'a>(outputs: impl IntoIterator<Item = &'a str>) -> [u64; 5] {
+    let mut sum = [0u64; 5];
+    for out in outputs {
+        for line in out.lines() {
+            let Some(rest) = line.strip_prefix("faults injected: ") else {
+                continue;
+            };
+            for field in rest.split_whitespace() {
+                let Some((key, value)) = field.split_once('=') else {
+                    continue;
+                };
+                let i = match key {
+                    "seen" => 0,
+                    "dropped" => 1,
+                    "duplicated" => 2,
+                    "corrupted" => 3,
+                    "reordered" => 4,
+                    _ => continue,
+                };
+                sum[i] += value.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    sum
 }
 
 impl Lab {

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tbrdma_netdev::lab::{LabTopology, hostfile_path};
-use tbrdma_tests::{Faults, Lab, finish};
+use tbrdma_tests::{Faults, Lab, faults_injected, finish, nftables_available};
 
 const PEER: &str = env!("CARGO_BIN_EXE_tbrdma-coll-peer");
 
@@ -18,6 +18,16 @@ const PEER: &str = env!("CARGO_BIN_EXE_tbrdma-coll-peer");
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn spawn_all(lab: &Lab, scenario: &str, extra: &[String]) -> Vec<Child> {
+    spawn_all_with(lab, scenario, extra, |_| Vec::new())
+}
+
+/// [`spawn_all`] with environment variables for each rank.
+fn spawn_all_with(
+    lab: &Lab,
+    scenario: &str,
+    extra: &[String],
+    env: impl Fn(usize) -> Vec<(&'static str, String)>,
+) -> Vec<Child> {
     let hostfile = hostfile_path(&lab.name);
     (0..lab.hostfile.ranks.len())
         .map(|rank| {
@@ -27,32 +37,52 @@ fn spawn_all(lab: &Lab, scenario: &str, extra: &[String]) -> Vec<Child> {
                 format!("scenario={scenario}"),
             ];
             args.extend(extra.iter().cloned());
-            lab.spawn_peer(PEER, rank, &args)
+            lab.spawn_peer_with(PEER, rank, &args, &env(rank))
         })
         .collect()
 }
 
 fn check_suite(tag: &str, ranks: usize, topology: LabTopology, rails: u32, engine: &str) {
     let args = ["counts=0,1,7,3001".to_string(), format!("engine={engine}")];
-    run_suite(tag, ranks, topology, rails, &args, Faults::default());
+    run_suite(tag, ranks, topology, rails, &args, Cable::Clean);
 }
 
-/// Runs the suite scenario with `args` on every rank of a new lab whose kernels inflict
-/// `faults` on the UDP datagrams they send; every rank must pass every check and agree with
-/// rank 0.
+/// What the cables between the ranks do to datagrams.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Cable {
+    /// Nothing.
+    Clean,
+    /// The senders' kernels drop, duplicate and corrupt a share of the datagrams (nftables).
+    Kernel(Faults),
+    /// Each receiving engine's fault layer (`TBRDMA_FAULTS`) drops, duplicates, corrupts and
+    /// reorders the same shares: no nftables needed.
+    UserSpace(Faults),
+}
+
+/// Reordered per mille of the datagrams on a [`Cable::UserSpace`].
+const REORDER: u64 = 20;
+
+/// Runs the suite scenario with `args` on every rank of a new lab whose cables are `cable`;
+/// every rank must pass every check and agree with rank 0.
 fn run_suite(
     tag: &str,
     ranks: usize,
     topology: LabTopology,
     rails: u32,
     args: &[String],
-    faults: Faults,
+    cable: Cable,
 ) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if matches!(cable, Cable::Kernel(_)) {
+        if let Err(why) = nftables_available() {
+            eprintln!("skipping: {why}");
+            return;
+        }
+    }
     let Some(lab) = Lab::up(tag, ranks, topology, rails) else {
         return;
     };
-    if faults != Faults::default() {
+    if let Cable::Kernel(faults) = cable {
         lab.impair(faults);
         if args.iter().any(|a| a == "engine=packet") {
             if let Err(why) = lab.impair_frames(faults) {
@@ -61,7 +91,13 @@ fn run_suite(
             }
         }
     }
-    let children = spawn_all(&lab, "suite", args);
+    let children = spawn_all_with(&lab, "suite", args, |rank| match cable {
+        Cable::UserSpace(faults) => vec![(
+            "TBRDMA_FAULTS",
+            faults.user_space_plan(rank as u64 + 1, REORDER),
+        )],
+        _ => Vec::new(),
+    });
     let outputs: Vec<_> = children.into_iter().map(finish).collect();
     // A failing rank's report shows every rank: the cause is often another rank's error.
     let report = |r: usize| {
@@ -97,16 +133,35 @@ fn run_suite(
             "rank {r} disagrees with rank 0"
         );
     }
-    if faults != Faults::default() {
-        // The rules really hit datagrams of every kind asked for.
-        let done = lab.faults_done();
-        eprintln!("{tag}: {done:?}");
-        for (asked, hit, what) in [
-            (faults.drop, done.drop, "dropped"),
-            (faults.duplicate, done.duplicate, "duplicated"),
-            (faults.corrupt, done.corrupt, "corrupted"),
-        ] {
-            assert!(asked == 0 || hit > 0, "no datagram was {what}: {done:?}");
+    match cable {
+        Cable::Clean => {}
+        Cable::Kernel(faults) => {
+            // The rules really hit datagrams of every kind asked for.
+            let done = lab.faults_done();
+            eprintln!("{tag}: {done:?}");
+            for (asked, hit, what) in [
+                (faults.drop, done.drop, "dropped"),
+                (faults.duplicate, done.duplicate, "duplicated"),
+                (faults.corrupt, done.corrupt, "corrupted"),
+            ] {
+                assert!(asked == 0 || hit > 0, "no datagram was {what}: {done:?}");
+            }
+        }
+        Cable::UserSpace(faults) => {
+            // Every rank's fault layer ran, and hit datagrams of every kind asked for.
+            let done = faults_injected(outputs.iter().map(|o| o.1.as_str()));
+            eprintln!("{tag}: seen, dropped, duplicated, corrupted, reordered = {done:?}");
+            for (r, (_, out, _)) in outputs.iter().enumerate() {
+                assert!(out.contains("faults injected: "), "{}", report(r));
+            }
+            for (asked, hit, what) in [
+                (faults.drop, done[1], "dropped"),
+                (faults.duplicate, done[2], "duplicated"),
+                (faults.corrupt, done[3], "corrupted"),
+                (REORDER, done[4], "reordered"),
+            ] {
+                assert!(asked == 0 || hit > 0, "no datagram was {what}: {done:?}");
+            }
         }
     }
 }
@@ -144,12 +199,20 @@ fn four_ranks_in_a_ring() {
     check_suite("c4r", 4, LabTopology::Ring, 1, "sockets");
 }
 
-/// The suite with the default slots (512 KiB: messages of several datagrams) while every
-/// kernel drops 2 % of the datagrams it sends, duplicates 1 % and corrupts 1 %: the protocol
-/// resends what was lost or rejected and ignores copies, and nothing of a message received in
-/// part may be overwritten meanwhile (a landing zone lent over one once corrupted a ring
-/// all-reduce this way).
-fn faulty_suite(tag: &str, ranks: usize, topology: LabTopology, rails: u32, engine: &str) {
+/// The suite with the default slots (512 KiB: messages of several datagrams) while 2 % of the
+/// datagrams are dropped, 1 % duplicated and 1 % corrupted (and, in user space, 2 % reordered):
+/// the protocol resends what was lost or rejected and ignores copies, and nothing of a message
+/// received in part may be overwritten meanwhile (a landing zone lent over one once corrupted
+/// a ring all-reduce this way). By the senders' kernels (nftables; skipped without it) when
+/// `kernel`, else by the receivers' engines (`TBRDMA_FAULTS`).
+fn faulty_suite(
+    tag: &str,
+    ranks: usize,
+    topology: LabTopology,
+    rails: u32,
+    engine: &str,
+    kernel: bool,
+) {
     let args = [
         "counts=7,70000".to_string(),
         format!("slot_bytes={}", 512 << 10),
@@ -161,27 +224,52 @@ fn faulty_suite(tag: &str, ranks: usize, topology: LabTopology, rails: u32, engi
         duplicate: 10,
         corrupt: 10,
     };
-    run_suite(tag, ranks, topology, rails, &args, faults);
+    let cable = if kernel {
+        Cable::Kernel(faults)
+    } else {
+        Cable::UserSpace(faults)
+    };
+    run_suite(tag, ranks, topology, rails, &args, cable);
 }
 
 #[test]
 fn two_ranks_on_a_faulty_cable_stay_exact() {
-    faulty_suite("f2", 2, LabTopology::Pair, 1, "sockets");
+    faulty_suite("f2", 2, LabTopology::Pair, 1, "sockets", true);
 }
 
 #[test]
 fn two_ranks_on_two_faulty_cables_stay_exact() {
-    faulty_suite("f2r", 2, LabTopology::Pair, 2, "uring");
+    faulty_suite("f2r", 2, LabTopology::Pair, 2, "uring", true);
 }
 
 #[test]
 fn two_ranks_with_the_packet_engine_on_a_faulty_cable_stay_exact() {
-    faulty_suite("f2p", 2, LabTopology::Pair, 1, "packet");
+    faulty_suite("f2p", 2, LabTopology::Pair, 1, "packet", true);
 }
 
 #[test]
 fn four_ranks_in_a_ring_of_faulty_cables_stay_exact() {
-    faulty_suite("f4r", 4, LabTopology::Ring, 1, "sockets");
+    faulty_suite("f4r", 4, LabTopology::Ring, 1, "sockets", true);
+}
+
+#[test]
+fn two_ranks_on_a_user_space_faulty_cable_stay_exact() {
+    faulty_suite("u2", 2, LabTopology::Pair, 1, "sockets", false);
+}
+
+#[test]
+fn two_ranks_on_two_user_space_faulty_cables_stay_exact() {
+    faulty_suite("u2r", 2, LabTopology::Pair, 2, "uring", false);
+}
+
+#[test]
+fn two_ranks_with_the_packet_engine_on_a_user_space_faulty_cable_stay_exact() {
+    faulty_suite("u2p", 2, LabTopology::Pair, 1, "packet", false);
+}
+
+#[test]
+fn four_ranks_in_a_ring_of_user_space_faulty_cables_stay_exact() {
+    faulty_suite("u4r", 4, LabTopology::Ring, 1, "sockets", false);
 }
 
 #[test]

@@ -461,6 +461,11 @@ pub fn finalize_context(ctx: u64) -> Result<()> {
     if g.contexts.is_empty() {
         g.plugin = None;
         log::info("tbrdma NET: last context finalized, links released");
+        let faults = tbrdma_verbs::faults::injected();
+        if faults.seen > 0 {
+            // TBRDMA_FAULTS was set: say what the user-space faulty cable did.
+            log::info(&format!("tbrdma NET: faults injected: {faults}"));
+        }
     }
     Ok(())
 }

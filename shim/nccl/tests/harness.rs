@@ -161,3 +161,43 @@ fn the_c_harness_passes_with_caller_progress_and_the_sockets_engine() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The whole suite of v11 over the engine's user-space faulty cable (`TBRDMA_FAULTS` in both
+/// ranks: loss, duplicates, corruption and reordering of what each receives): every transfer
+/// still verified, and the layer really hit datagrams of each kind.
+#[test]
+fn the_c_harness_passes_over_a_faulty_cable() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("nf", 2, LabTopology::Pair, 1) else {
+        return;
+    };
+    let Some(dir) = prepare("faulty") else {
+        return;
+    };
+    let outs = run(
+        &lab,
+        &dir,
+        "11",
+        &[(
+            "TBRDMA_FAULTS",
+            "seed=5,drop=2%,dup=1%,corrupt=1%,reorder=2%,reorder_by=300us",
+        )],
+    );
+    for out in &outs {
+        assert!(out.contains("v11: all scenarios passed"), "{out}");
+        assert!(out.contains("harness: all checks passed"), "{out}");
+        let line = out
+            .lines()
+            .find(|l| l.contains("tbrdma NET: faults injected: "))
+            .unwrap_or_else(|| panic!("no fault report: {out}"));
+        for kind in ["dropped", "duplicated", "corrupted", "reordered"] {
+            let count: u64 = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{kind}=")))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no {kind} count: {line}"));
+            assert!(count > 0, "no datagram was {kind}: {line}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

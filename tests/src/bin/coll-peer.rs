@@ -11,7 +11,9 @@
 //! `counts` (comma-separated element counts), `rails` (cables per neighbour to use),
 //! `slot_bytes` and `slots` (4096 and 4 unless given: small slots, many chunks),
 //! `timeout` (seconds), `engine` (sockets|uring|packet); `rendezvous` (rank 0's ip:port) and `world` meet by rendezvous
-//! instead of reading the hostfile. Exits 0 only when every check passed.
+//! instead of reading the hostfile. Exits 0 only when every check passed. With the
+//! `TBRDMA_FAULTS` environment variable set (the engine's user-space faulty cable) it ends by
+//! printing `faults injected: seen=… dropped=…`.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -154,7 +156,13 @@ fn main() -> ExitCode {
     // Root may raise its own memlock limit; every neighbour's slots are pinned.
     let inf = nix::sys::resource::RLIM_INFINITY;
     let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK, inf, inf);
-    match run(&args) {
+    let result = run(&args);
+    // What the user-space faulty cable (TBRDMA_FAULTS) did, for the test to check.
+    let faults = tbrdma_engine::io::faults::injected();
+    if faults.seen > 0 {
+        println!("faults injected: {faults}");
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
