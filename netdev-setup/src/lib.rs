@@ -17,6 +17,7 @@ pub mod hostfile;
 pub mod inventory;
 pub mod lab;
 pub mod links_file;
+pub mod names;
 pub mod netlink;
 pub mod netns;
 pub mod ping;

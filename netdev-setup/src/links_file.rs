@@ -39,8 +39,7 @@ pub struct ExplicitLink {
 impl LinksFile {
     /// Reads and checks a links file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| NetdevError::io("reading", path, e))?;
+        let text = crate::names::read_small_file(path)?;
         let file: LinksFile = serde_json::from_str(&text).map_err(|source| NetdevError::Json {
             path: path.to_owned(),
             what: "links file (see docs/setup.md)",
@@ -57,8 +56,14 @@ impl LinksFile {
     }
 
     fn check(&self) -> Result<()> {
+        use crate::names::{check_host_name, check_interface_name};
+        check_host_name("links file: host name", &self.host.name)?;
+        check_host_name("links file: host UUID", &self.host.uuid)?;
         let mut seen = std::collections::BTreeSet::new();
         for link in &self.links {
+            check_interface_name(&link.interface)?;
+            check_host_name("links file: peer name", &link.peer.name)?;
+            check_host_name("links file: peer UUID", &link.peer.uuid)?;
             if !seen.insert((&link.peer.uuid, link.rail)) {
                 return Err(NetdevError::bad_input(
                     format!(
@@ -79,5 +84,42 @@ impl LinksFile {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(interface: &str, peer_name: &str) -> String {
+        serde_json::json!({
+            "host": {"uuid": "0000aaaa-0000-4000-8000-000000000001", "name": "me"},
+            "links": [{
+                "interface": interface,
+                "peer": {"uuid": "0000aaaa-0000-4000-8000-000000000002", "name": peer_name},
+                "rail": 0
+            }]
+        })
+        .to_string()
+    }
+
+    /// A links file is read by root tools that join its interface names into paths under /etc
+    /// and /sys and into config files: a name that could escape them is refused on load.
+    #[test]
+    fn a_links_file_naming_an_unsafe_interface_or_host_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("links.json");
+        std::fs::write(&path, file("veth0", "peer")).unwrap();
+        assert_eq!(LinksFile::load(&path).unwrap().links[0].interface, "veth0");
+        for (interface, peer) in [
+            ("../../../etc/evil", "peer"),
+            ("eth0\n[Network]", "peer"),
+            ("eth*", "peer"),
+            ("veth0", "peer\nDNS=1.2.3.4"),
+        ] {
+            std::fs::write(&path, file(interface, peer)).unwrap();
+            let err = LinksFile::load(&path).unwrap_err().to_string();
+            assert!(err.contains("not usable"), "{interface:?}: {err}");
+        }
     }
 }

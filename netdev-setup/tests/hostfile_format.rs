@@ -209,3 +209,29 @@ fn hosts_with_two_usb4_routers_are_one_rank_each() {
     }
     assert_eq!(r1.len(), 2);
 }
+
+/// Names from records and hostfiles end up in paths, config files and environment files that
+/// root tools write: one that could escape them is refused, naming the problem.
+#[test]
+fn names_that_could_escape_a_path_or_a_file_are_refused() {
+    let uuids = ["a", "b"];
+    let good = records(&uuids, &[(0, 1)], 1);
+    let hostfile = Hostfile::from_records(&good).unwrap();
+    for bad in ["../../etc/cron.d/x", "eth0\nNCCL_NET=Socket", "eth*", ""] {
+        let mut recs = good.clone();
+        recs[0].links[0].interface = bad.into();
+        let err = Hostfile::from_records(&recs).unwrap_err().to_string();
+        assert!(err.contains("not usable"), "{bad:?}: {err}");
+
+        let text = hostfile
+            .to_json()
+            .replace("\"thunderbolt0\"", &serde_json::to_string(bad).unwrap());
+        let err = Hostfile::parse(&text).unwrap_err();
+        assert!(err.contains("not usable"), "{bad:?}: {err}");
+    }
+    let mut recs = good.clone();
+    recs[1].name = "b; reboot".into();
+    assert!(Hostfile::from_records(&recs).is_err());
+    let text = hostfile.to_json().replace("host-a", "host a");
+    assert!(Hostfile::parse(&text).is_err());
+}

@@ -144,6 +144,15 @@ impl Hostfile {
         let mut by_uuid: BTreeMap<&str, &HostRecord> = BTreeMap::new();
         let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
         for record in records {
+            // Records may come from other hosts (discovery): their names end up in files.
+            crate::names::check_host_name("host name", &record.name)?;
+            for uuid in std::iter::once(&record.uuid).chain(&record.aliases) {
+                crate::names::check_host_name("host UUID", uuid)?;
+            }
+            for link in &record.links {
+                crate::names::check_interface_name(&link.interface)?;
+                crate::names::check_host_name("peer UUID", &link.peer_uuid)?;
+            }
             by_uuid.insert(&record.uuid, record);
             for uuid in std::iter::once(&record.uuid).chain(&record.aliases) {
                 if owner.insert(uuid, &record.uuid).is_some() {
@@ -243,6 +252,16 @@ impl Hostfile {
             if rank.rank != i {
                 return Err(format!("ranks[{i}] says rank {}", rank.rank));
             }
+            let names = crate::names::check_host_name("host name", &rank.host)
+                .and_then(|()| crate::names::check_host_name("host UUID", &rank.uuid))
+                .and_then(|()| {
+                    rank.links
+                        .iter()
+                        .try_for_each(|l| crate::names::check_interface_name(&l.interface))
+                });
+            if let Err(e) = names {
+                return Err(format!("rank {i}: {e}"));
+            }
             if let Some(bad) = rank.links.iter().find(|l| l.peer >= hostfile.ranks.len()) {
                 return Err(format!(
                     "rank {i} has a link to rank {}, which does not exist",
@@ -255,8 +274,7 @@ impl Hostfile {
 
     /// Reads a hostfile.
     pub fn load(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| NetdevError::io("reading", path, e))?;
+        let text = crate::names::read_small_file(path)?;
         Self::parse(&text).map_err(|problem| {
             NetdevError::bad_input(
                 format!("{}: not a valid hostfile: {problem}", path.display()),

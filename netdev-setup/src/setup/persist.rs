@@ -38,6 +38,8 @@ pub fn persist_files(
             .find(|c| c.interface == link.interface)
             .map(|c| format!("{}/{}", c.addresses.local, crate::addressing::PREFIX_LEN));
         let name = &link.interface;
+        // The name becomes part of a path under /etc and a line of a config file.
+        crate::names::check_interface_name(name)?;
         let (path, contents) = match persist {
             Persist::Networkd => {
                 let mut text = format!(
