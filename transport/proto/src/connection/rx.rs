@@ -318,7 +318,7 @@ impl Connection {
                 rnr_delay_us,
             } => {
                 let delay = Duration::from_micros(u64::from(rnr_delay_us));
-                if !self.tx.on_rnr_nak(psn, delay, now) {
+                if !self.tx.on_rnr_nak(psn, delay, now, &mut self.timers) {
                     self.fail(
                         Some(WcStatus::RnrRetryExceeded),
                         ConnectionError::RnrRetryExceeded,
@@ -336,7 +336,7 @@ impl Connection {
 
     /// Applies the cumulative acknowledgement carried by any packet.
     pub(super) fn on_ack_psn(&mut self, now: Time, ack: Psn) {
-        let (progress, fatal_acked) = self.tx.on_cumulative_ack(ack, now);
+        let (progress, fatal_acked) = self.tx.on_cumulative_ack(ack, now, &mut self.timers);
         if progress {
             self.sq.mark_acked_before(ack);
         }
@@ -448,7 +448,7 @@ impl Connection {
         if accepted {
             self.rx.on_accepted(header.flags, self.config.ack_every);
             if is_response {
-                self.tx.on_response_progress(now);
+                self.tx.on_response_progress(now, &mut self.timers);
             }
         }
     }
