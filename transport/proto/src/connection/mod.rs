@@ -16,8 +16,10 @@
 //!   failures go back as a sequenced FATAL_NAK, so everything before it completes normally.
 //!
 //! Files: `tx.rs` owns the outgoing stream, `rx.rs` the incoming stream and the responder,
-//! `sq.rs` completion order, `paths.rs` the rails, `timer.rs` the table of deadlines.
+//! `ack.rs` when to acknowledge, `sq.rs` completion order, `paths.rs` the rails, `timer.rs` the
+//! table of deadlines.
 
+mod ack;
 mod paths;
 mod rx;
 mod sq;
@@ -36,6 +38,7 @@ use crate::time::Time;
 use crate::wire::{self, ErrorCode, Ext, Handshake, Header, Opcode};
 use crate::work::{PostError, Queue, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
+use ack::AckPolicy;
 use paths::Paths;
 use rx::RxStream;
 use sq::{SendQueue, SqEntry};
@@ -213,6 +216,8 @@ pub struct Connection {
     max_payload: u32,
     tx: TxStream,
     rx: RxStream,
+    /// When to acknowledge what `rx` received.
+    ack: AckPolicy,
     sq: SendQueue,
     rq: VecDeque<RecvWr>,
     completions: VecDeque<WorkCompletion>,
@@ -232,8 +237,6 @@ pub struct Connection {
     paths: Paths,
     /// The path of the datagram the last `poll_transmit` produced.
     last_path: usize,
-    /// Whether the pending ACK was given a hold (or had it released) (see [`Timer::Ack`]).
-    ack_hold_armed: bool,
 }
 
 impl Connection {
@@ -261,6 +264,7 @@ impl Connection {
             max_payload,
             tx,
             rx: RxStream::new(),
+            ack: AckPolicy::new(&config),
             sq: SendQueue::default(),
             rq: VecDeque::new(),
             completions: VecDeque::new(),
@@ -274,7 +278,6 @@ impl Connection {
             stats: Stats::default(),
             paths: Paths::new(),
             last_path: 0,
-            ack_hold_armed: false,
             config,
             role,
             params,
@@ -347,7 +350,7 @@ impl Connection {
 
     /// Whether nothing is waiting: no request outstanding, nothing unacknowledged either way.
     pub fn is_idle(&self) -> bool {
-        self.sq.is_empty() && self.tx.is_empty() && !self.rx.ack_needed()
+        self.sq.is_empty() && self.tx.is_empty() && !self.ack.is_pending()
     }
 
     /// Posts a send-queue request (`ibv_post_send` with one work request).
@@ -576,21 +579,7 @@ impl Connection {
         mem: &mut M,
     ) {
         self.handle_established(now, header, ext, payload, datagram, path, mem);
-        if !self.rx.ack_needed() {
-            self.ack_sent();
-        } else if self.rx.ack_deferred() && !self.ack_hold_armed {
-            self.timers.set(Timer::Ack, now + self.config.ack_hold);
-            self.ack_hold_armed = true;
-        } else if !self.ack_hold_armed {
-            // Due at once.
-            self.timers.set(Timer::Ack, Time::ZERO);
-        }
-    }
-
-    /// No acknowledgement is pending any more.
-    fn ack_sent(&mut self) {
-        self.timers.stop(Timer::Ack);
-        self.ack_hold_armed = false;
+        self.ack.arm(now, &mut self.timers);
     }
 
     /// The peer was heard from: the idle timeout starts over, and so does the keep-alive.
@@ -685,9 +674,7 @@ impl Connection {
 
     /// Whether an acknowledgement is being held for a reply to carry (see [`Config::ack_hold`]).
     pub fn ack_held(&self) -> bool {
-        self.rx.ack_needed()
-            && self.rx.ack_deferred()
-            && self.timers.get(Timer::Ack).is_some_and(|t| t > Time::ZERO)
+        self.ack.is_held()
     }
 
     /// Ends the hold of a held acknowledgement now: the next transmit pass sends it unless a
@@ -695,10 +682,8 @@ impl Connection {
     /// application comes back into the engine, so that a hold lasts one application step rather
     /// than a fixed time.
     pub fn release_held_ack(&mut self) {
-        if self.ack_held() {
-            // Due at once: the next pass sends it.
-            self.timers.set(Timer::Ack, Time::ZERO);
-        }
+        self.ack.release(&mut self.timers);
+        self.settle_timers();
     }
 
     /// The earliest time [`Self::handle_timeout`] has something to do, if any: the earliest
@@ -810,16 +795,15 @@ impl Connection {
         if let Some(sent) = self.transmit_sequenced(now, buf, mem, gather_from) {
             return Some(sent);
         }
-        let held = self.rx.ack_deferred() && self.timers.get(Timer::Ack).is_some_and(|t| now < t);
-        if self.rx.ack_needed() && !held {
-            self.ack_sent();
+        if self.ack.is_pending() && !self.ack.waits_at(now, &self.timers) {
+            self.ack.on_ack_sent(&mut self.timers);
             self.stats.acks_sent += 1;
-            if let Some(path) = self.rx.reply_path.take() {
+            if let Some(path) = self.ack.take_reply_path() {
                 self.last_path = path;
             }
             let ext = self
                 .rx
-                .take_ack(self.config.window, self.config.max_datagram);
+                .ack_frame(self.config.window, self.config.max_datagram);
             return Some((self.control_packet(buf, ext), None));
         }
         if let Some(path) = self.control.probe.take() {
@@ -941,10 +925,8 @@ impl Connection {
         if self.tx.on_sent(psn, now, &mut self.timers) {
             self.stats.retransmits += 1;
         }
-        self.rx.piggybacked();
-        if !self.rx.ack_needed() {
-            self.ack_sent();
-        }
+        self.ack
+            .on_piggybacked(self.rx.has_sacks(), &mut self.timers);
         Some(built)
     }
 
@@ -1021,6 +1003,7 @@ impl Connection {
         }
         self.tx.clear(&mut self.timers);
         self.rx.clear();
+        self.ack.clear();
         self.control.keepalive = false;
     }
 

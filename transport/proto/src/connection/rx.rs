@@ -1,6 +1,7 @@
 //! The incoming stream and the responder: in-order acceptance, placement of each packet at its
-//! offset as it arrives, execution of requests (with the protection checks), acknowledgement
-//! and negative acknowledgement, and completion of receives.
+//! offset as it arrives, execution of requests (with the protection checks), what an ACK
+//! reports (selective blocks) and negative acknowledgement, and completion of receives. When to
+//! acknowledge is `ack.rs`'s decision.
 
 use std::time::Duration;
 
@@ -10,8 +11,7 @@ use crate::memory::{Access, Memory, Placement, RegionId};
 use crate::seq::Psn;
 use crate::time::Time;
 use crate::wire::{
-    self, ErrorCode, Ext, FLAG_ACK_REQUEST, FLAG_HAS_IMM, Header, NakCode, SackBlock, SackList,
-    Segment,
+    self, ErrorCode, Ext, FLAG_HAS_IMM, Header, NakCode, SackBlock, SackList, Segment,
 };
 use crate::work::{Queue, SendOp, WcOpcode, WcStatus, WorkCompletion};
 
@@ -70,11 +70,6 @@ pub(super) struct RxStream {
     current: Option<InMessage>,
     /// Packets of `current` received, by index from its first PSN (reused between messages).
     received: Vec<bool>,
-    ack_needed: bool,
-    /// The pending ACK only answers a message's last packet: hold it for one transmit pass, in
-    /// case this side's own next packet (a reply) can carry it instead.
-    ack_deferred: bool,
-    since_ack: u32,
     pending_nak: Option<Ext>,
     nak_sent_for: Option<Psn>,
     /// Packets of later messages that arrived early (another rail, jitter), kept until the
@@ -82,8 +77,6 @@ pub(super) struct RxStream {
     stash: Vec<(Psn, Option<Segment>, Vec<u8>)>,
     /// Buffers for the stash, reused.
     spare: Vec<Vec<u8>>,
-    /// The path on which a keep-alive probe arrived: the ACK answering it goes back there.
-    pub(super) reply_path: Option<usize>,
 }
 
 /// Early packets kept per connection before further ones are dropped.
@@ -99,14 +92,10 @@ impl RxStream {
             expected: Psn(0),
             current: None,
             received: Vec::new(),
-            ack_needed: false,
-            ack_deferred: false,
-            since_ack: 0,
             pending_nak: None,
             nak_sent_for: None,
             stash: Vec::new(),
             spare: Vec::new(),
-            reply_path: None,
         }
     }
 
@@ -139,10 +128,6 @@ impl RxStream {
         self.expected
     }
 
-    pub fn ack_needed(&self) -> bool {
-        self.ack_needed
-    }
-
     /// Where the message partly received goes (its region and byte range), while some of its
     /// packets have arrived (and may have been placed) and others have not.
     pub fn message_in_progress(&self) -> Option<(RegionId, std::ops::Range<u64>)> {
@@ -156,29 +141,8 @@ impl RxStream {
 
     pub fn clear(&mut self) {
         self.current = None;
-        self.ack_needed = false;
-        self.ack_deferred = false;
         self.pending_nak = None;
         self.stash.clear();
-    }
-
-    fn request_ack(&mut self) {
-        self.ack_needed = true;
-        self.ack_deferred = false;
-    }
-
-    /// A message completed: acknowledge it, after one transmit pass in which a reply of ours
-    /// may carry the acknowledgement instead (unless something urgent is already pending).
-    fn request_deferred_ack(&mut self) {
-        if !self.ack_needed {
-            self.ack_needed = true;
-            self.ack_deferred = true;
-        }
-    }
-
-    /// Whether the pending ACK may wait (see `ack_deferred`).
-    pub fn ack_deferred(&self) -> bool {
-        self.ack_deferred
     }
 
     /// Selective blocks: runs of packets of the current message received beyond the gap.
@@ -233,7 +197,8 @@ impl RxStream {
         list
     }
 
-    fn has_sacks(&self) -> bool {
+    /// Whether packets beyond the gap were received (an ACK must report them).
+    pub fn has_sacks(&self) -> bool {
         !self.stash.is_empty()
             || self.current.as_ref().is_some_and(|c| {
                 let from = self.expected.distance_from(c.first_psn) as usize;
@@ -242,10 +207,7 @@ impl RxStream {
     }
 
     /// The ACK to send now, with as many selective blocks as fit in `max_datagram`.
-    pub fn take_ack(&mut self, window: u32, max_datagram: usize) -> Ext {
-        self.ack_needed = false;
-        self.ack_deferred = false;
-        self.since_ack = 0;
+    pub fn ack_frame(&self, window: u32, max_datagram: usize) -> Ext {
         let mut sacks = self.sacks();
         let room = max_datagram.saturating_sub(wire::COMMON_HEADER_LEN + 8) / 8;
         sacks.truncate(room);
@@ -254,15 +216,6 @@ impl RxStream {
 
     pub fn take_nak(&mut self) -> Option<Ext> {
         self.pending_nak.take()
-    }
-
-    /// A sequenced packet of ours carried the cumulative acknowledgement.
-    pub fn piggybacked(&mut self) {
-        if !self.has_sacks() {
-            self.ack_needed = false;
-            self.ack_deferred = false;
-            self.since_ack = 0;
-        }
     }
 
     fn nak_sequence(&mut self) -> bool {
@@ -276,15 +229,6 @@ impl RxStream {
             rnr_delay_us: 0,
         });
         true
-    }
-
-    fn on_accepted(&mut self, flags: u16, ack_every: u32) {
-        self.since_ack += 1;
-        if self.since_ack >= ack_every {
-            self.request_ack();
-        } else if flags & FLAG_ACK_REQUEST != 0 {
-            self.request_deferred_ack();
-        }
     }
 }
 
@@ -325,10 +269,7 @@ impl Connection {
                     );
                 }
             }
-            Ext::KeepAlive => {
-                self.rx.request_ack();
-                self.rx.reply_path = Some(path);
-            }
+            Ext::KeepAlive => self.ack.answer_probe(path),
             Ext::Connect(_) | Ext::Accept(_) | Ext::Close { .. } => {}
             _ => self.on_sequenced(now, header, ext, payload, datagram, mem),
         }
@@ -363,7 +304,7 @@ impl Connection {
         let expected = self.rx.expected;
         if psn.before(expected) {
             self.stats.duplicates += 1;
-            self.rx.request_ack();
+            self.ack.ack_now();
             return;
         }
         if psn.distance_from(expected) >= self.config.window {
@@ -375,7 +316,7 @@ impl Connection {
             if self.rx.stash(psn, segment, datagram) {
                 self.stats.out_of_order_stashed += 1;
                 // SACK what is held, so the sender resends only the gap.
-                self.rx.request_ack();
+                self.ack.ack_now();
                 if self.rx.stash.len() >= REORDER_THRESHOLD && self.rx.nak_sequence() {
                     self.stats.seq_naks_sent += 1;
                 }
@@ -446,7 +387,7 @@ impl Connection {
             None => self.on_single(psn, ext, mem),
         };
         if accepted {
-            self.rx.on_accepted(header.flags, self.config.ack_every);
+            self.ack.on_accepted(header.flags);
             if is_response {
                 self.tx.on_response_progress(now, &mut self.timers);
             }
@@ -529,7 +470,7 @@ impl Connection {
         };
         if self.rx.received[index as usize] {
             self.stats.duplicates += 1;
-            self.rx.request_ack();
+            self.ack.ack_now();
             return false;
         }
         let placement = placement_of(&current.target);
@@ -549,12 +490,12 @@ impl Connection {
         if expected.distance_from(current.first_psn) == current.npackets {
             let done = self.rx.current.take().expect("current message exists");
             self.complete_message(&done);
-            self.rx.request_deferred_ack();
+            self.ack.ack_deferrable();
         } else if !psn.before(self.rx.expected) {
             // Placed ahead of a gap (the expected sequence number did not move past it): tell
             // the sender what we hold so it resends only the gap. An in-order packet waits for
             // `ack_every`.
-            self.rx.request_ack();
+            self.ack.ack_now();
         }
         true
     }
