@@ -276,7 +276,7 @@ impl Connection {
             keepalive_sent: None,
             refused: None,
             stats: Stats::default(),
-            paths: Paths::new(),
+            paths: Paths::new(config.path_probe_interval),
             last_path: 0,
             config,
             role,

@@ -6,7 +6,7 @@
 //! paths that are up; everything else takes the first path that is up. A retransmission
 //! timeout marks the path of the oldest unacknowledged packet down (never the last one), so the
 //! retransmission and what follows go over the others. A path that is down is probed with a
-//! keep-alive every probe interval; the peer answers on the path the probe came in on, and any
+//! keep-alive every [`crate::Config::path_probe_interval`]; the peer answers on the path the probe came in on, and any
 //! datagram that arrives on a path marks it up again. The earliest probe due is the connection's
 //! [`Timer::PathProbe`], which the methods that change it keep up to date.
 
@@ -24,18 +24,18 @@ pub(super) struct Paths {
     pub sent: Vec<u64>,
     /// Times a path was declared down.
     pub failovers: u64,
+    /// How often a path that is down is probed.
+    probe_interval: Duration,
 }
 
-/// How often a path that is down is probed.
-pub(super) const PROBE_INTERVAL: Duration = Duration::from_millis(100);
-
 impl Paths {
-    pub fn new() -> Paths {
+    pub fn new(probe_interval: Duration) -> Paths {
         Paths {
             up: vec![true],
             next_probe: vec![Time::ZERO],
             sent: vec![0],
             failovers: 0,
+            probe_interval,
         }
     }
 
@@ -85,7 +85,7 @@ impl Paths {
             return false;
         }
         self.up[path] = false;
-        self.next_probe[path] = now + PROBE_INTERVAL;
+        self.next_probe[path] = now + self.probe_interval;
         self.failovers += 1;
         self.rearm(timers);
         true
@@ -103,7 +103,7 @@ impl Paths {
     /// A path due for a probe at `now`, if any (its next probe is then scheduled).
     pub fn probe_due(&mut self, now: Time, timers: &mut TimerTable) -> Option<usize> {
         let path = (0..self.up.len()).find(|&p| !self.up[p] && self.next_probe[p] <= now)?;
-        self.next_probe[path] = now + PROBE_INTERVAL;
+        self.next_probe[path] = now + self.probe_interval;
         self.rearm(timers);
         Some(path)
     }
