@@ -15,12 +15,14 @@
 //! - Requester failures (retry exceeded, receiver not ready) are decided locally; responder
 //!   failures go back as a sequenced FATAL_NAK, so everything before it completes normally.
 //!
-//! Files: `tx.rs` owns the outgoing stream, `rx.rs` the incoming stream and the responder,
-//! `ack.rs` when to acknowledge, `sq.rs` completion order, `paths.rs` the rails, `timer.rs` the
+//! Files: `tx.rs` owns the outgoing stream, `rx.rs` the incoming stream (acceptance and order),
+//! `responder.rs` what an accepted packet does (placement, execution, refusals), `ack.rs` when
+//! to acknowledge, `sq.rs` completion order, `paths.rs` the rails, `timer.rs` the
 //! table of deadlines.
 
 mod ack;
 mod paths;
+mod responder;
 mod rx;
 mod sq;
 mod timer;
