@@ -42,7 +42,7 @@ use crate::work::{PostError, Queue, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, 
 
 use ack::AckPolicy;
 use paths::Paths;
-use rx::RxStream;
+use rx::{Arrival, RxStream};
 use sq::{SendQueue, SqEntry};
 use timer::{Timer, TimerTable};
 use tx::{TimeoutAction, TxStream};
@@ -528,15 +528,13 @@ impl Connection {
                     self.fail(None, ConnectionError::ClosedByPeer);
                     return;
                 }
-                self.handle_established_then_hold(
-                    now,
-                    &header,
-                    &packet.ext,
-                    packet.payload,
+                let arrival = Arrival {
+                    packet,
                     datagram,
                     path,
-                    mem,
-                );
+                };
+                self.handle_established(now, &arrival, mem);
+                self.ack.arm(now, &mut self.timers);
                 self.after_progress(now);
             }
             ConnectionState::Error | ConnectionState::Closed => {
@@ -567,21 +565,6 @@ impl Connection {
         self.control.handshake = self.role == Role::Passive;
         self.events.push_back(Event::Established);
         self.enqueue_posted();
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn handle_established_then_hold<M: Memory + ?Sized>(
-        &mut self,
-        now: Time,
-        header: &Header,
-        ext: &Ext,
-        payload: &[u8],
-        datagram: &[u8],
-        path: usize,
-        mem: &mut M,
-    ) {
-        self.handle_established(now, header, ext, payload, datagram, path, mem);
-        self.ack.arm(now, &mut self.timers);
     }
 
     /// The peer was heard from: the idle timeout starts over, and so does the keep-alive.

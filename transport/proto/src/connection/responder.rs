@@ -16,7 +16,7 @@ use super::ConnectionState;
 use super::tx::OutKind;
 use crate::memory::{Access, Memory, Placement};
 use crate::seq::Psn;
-use crate::wire::{ErrorCode, Ext, FLAG_HAS_IMM, Segment};
+use crate::wire::{ErrorCode, Ext, FLAG_HAS_IMM, Packet, Segment};
 use crate::work::{Queue, SendOp, WcOpcode, WcStatus, WorkCompletion};
 
 /// Where the packets of the message being received go.
@@ -62,18 +62,17 @@ enum Refusal {
 }
 
 impl Connection {
-    /// Where a new message that starts with the packet at `psn` goes, or `None` when it is
-    /// refused: a receiver-not-ready NAK (sent for the message's first packet only), a dropped
-    /// malformed packet, or a refusal that ends the connection.
+    /// Where the new message `packet` (one of its packets, `seg` its segment) belongs to goes,
+    /// or `None` when it is refused: a receiver-not-ready NAK (sent for the message's first
+    /// packet only), a dropped malformed packet, or a refusal that ends the connection.
     pub(super) fn begin_message<M: Memory + ?Sized>(
         &mut self,
-        psn: Psn,
-        flags: u16,
-        ext: &Ext,
+        packet: &Packet<'_>,
         seg: &Segment,
         mem: &M,
     ) -> Option<InTarget> {
-        match self.message_target(flags, ext, seg, mem) {
+        let psn = packet.header.psn;
+        match self.message_target(packet, seg, mem) {
             Ok(target) => Some(target),
             Err(Refusal::NotReady) => {
                 if psn == seg.msg_first_psn {
@@ -136,11 +135,11 @@ impl Connection {
     /// byte of it is placed.
     fn message_target<M: Memory + ?Sized>(
         &mut self,
-        flags: u16,
-        ext: &Ext,
+        packet: &Packet<'_>,
         seg: &Segment,
         mem: &M,
     ) -> Result<InTarget, Refusal> {
+        let (flags, ext) = (packet.header.flags, &packet.ext);
         let len = seg.msg_len;
         match *ext {
             Ext::Send(_) => {
@@ -273,10 +272,10 @@ impl Connection {
     /// stream then moves past it.
     pub(super) fn execute_single<M: Memory + ?Sized>(
         &mut self,
-        psn: Psn,
-        ext: &Ext,
+        packet: &Packet<'_>,
         mem: &mut M,
     ) -> bool {
+        let (psn, ext) = (packet.header.psn, &packet.ext);
         let max_payload = self.max_payload;
         match *ext {
             Ext::ReadRequest { remote, len } => {

@@ -17,8 +17,17 @@ use super::{Connection, ConnectionError, ConnectionState};
 use crate::memory::{Memory, RegionId};
 use crate::seq::Psn;
 use crate::time::Time;
-use crate::wire::{self, ErrorCode, Ext, Header, NakCode, SackBlock, SackList, Segment};
+use crate::wire::{self, ErrorCode, Ext, NakCode, Packet, SackBlock, SackList, Segment};
 use crate::work::WcStatus;
+
+/// A datagram from the peer that passed decoding and addressing, as the receive path hands it
+/// on: the decoded packet, the bytes it was decoded from (an early packet is stashed as such)
+/// and the path it came in on.
+pub(super) struct Arrival<'a> {
+    pub packet: Packet<'a>,
+    pub datagram: &'a [u8],
+    pub path: usize,
+}
 
 /// The multi-packet message that holds the next expected PSN.
 #[derive(Debug)]
@@ -221,18 +230,13 @@ impl RxStream {
 impl Connection {
     /// Handles everything but the handshake once established; the header's cumulative
     /// acknowledgement has already been applied.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn handle_established<M: Memory + ?Sized>(
         &mut self,
         now: Time,
-        header: &Header,
-        ext: &Ext,
-        payload: &[u8],
-        datagram: &[u8],
-        path: usize,
+        arrival: &Arrival<'_>,
         mem: &mut M,
     ) {
-        match *ext {
+        match arrival.packet.ext {
             Ext::Ack { window, sacks } => {
                 self.tx.set_peer_window(window);
                 self.tx.on_sack(sacks.as_slice());
@@ -255,9 +259,9 @@ impl Connection {
                     );
                 }
             }
-            Ext::KeepAlive => self.ack.answer_probe(path),
+            Ext::KeepAlive => self.ack.answer_probe(arrival.path),
             Ext::Connect(_) | Ext::Accept(_) | Ext::Close { .. } => {}
-            _ => self.on_sequenced(now, header, ext, payload, datagram, mem),
+            _ => self.on_sequenced(now, arrival, mem),
         }
     }
 
@@ -273,20 +277,16 @@ impl Connection {
         }
     }
 
-    fn on_sequenced<M: Memory + ?Sized>(
-        &mut self,
-        now: Time,
-        header: &Header,
-        ext: &Ext,
-        payload: &[u8],
-        datagram: &[u8],
-        mem: &mut M,
-    ) {
+    /// A sequenced packet: dropped if it is a duplicate or beyond the window, stashed if it
+    /// belongs to a later message, accepted otherwise (and then whatever stashed packets it
+    /// made ready).
+    fn on_sequenced<M: Memory + ?Sized>(&mut self, now: Time, arrival: &Arrival<'_>, mem: &mut M) {
         if self.state != ConnectionState::Established {
             // Draining: we refused a request; nothing after it is executed.
             return;
         }
-        let psn = header.psn;
+        let packet = &arrival.packet;
+        let psn = packet.header.psn;
         let expected = self.rx.expected;
         if psn.before(expected) {
             self.stats.duplicates += 1;
@@ -297,9 +297,9 @@ impl Connection {
             self.stats.out_of_order_dropped += 1;
             return;
         }
-        let segment = ext.segment().copied();
+        let segment = packet.ext.segment().copied();
         if !self.belongs(psn, segment.as_ref()) {
-            if self.rx.stash(psn, segment, datagram) {
+            if self.rx.stash(psn, segment, arrival.datagram) {
                 self.stats.out_of_order_stashed += 1;
                 // SACK what is held, so the sender resends only the gap.
                 self.ack.ack_now();
@@ -314,7 +314,7 @@ impl Connection {
             }
             return;
         }
-        self.accept_sequenced(now, header, ext, payload, mem);
+        self.accept_sequenced(now, packet, mem);
         self.drain_stash(now, mem);
     }
 
@@ -351,35 +351,36 @@ impl Connection {
             };
             let (_, _, bytes) = self.rx.stash.remove(index);
             if let Ok(packet) = wire::decode(&bytes) {
-                self.accept_sequenced(now, &packet.header, &packet.ext, packet.payload, mem);
+                self.accept_sequenced(now, &packet, mem);
             }
             self.rx.spare.push(bytes);
         }
     }
 
+    /// The packet whose turn it is: a packet of a data-bearing message, or a single-packet
+    /// request or response, which the responder executes.
     fn accept_sequenced<M: Memory + ?Sized>(
         &mut self,
         now: Time,
-        header: &Header,
-        ext: &Ext,
-        payload: &[u8],
+        packet: &Packet<'_>,
         mem: &mut M,
     ) {
-        let psn = header.psn;
-        let segment = ext.segment().copied();
-        let is_response = matches!(ext, Ext::ReadResponse(_) | Ext::AtomicResponse { .. });
-        let accepted = match segment {
-            Some(seg) => self.on_segment(psn, header.flags, ext, &seg, payload, mem),
+        let is_response = matches!(
+            packet.ext,
+            Ext::ReadResponse(_) | Ext::AtomicResponse { .. }
+        );
+        let accepted = match packet.ext.segment().copied() {
+            Some(seg) => self.on_segment(packet, &seg, mem),
             None => {
-                let accepted = self.execute_single(psn, ext, mem);
+                let accepted = self.execute_single(packet, mem);
                 if accepted {
-                    self.rx.accepted_single(psn);
+                    self.rx.accepted_single(packet.header.psn);
                 }
                 accepted
             }
         };
         if accepted {
-            self.ack.on_accepted(header.flags);
+            self.ack.on_accepted(packet.header.flags);
             if is_response {
                 self.tx.on_response_progress(now, &mut self.timers);
             }
@@ -391,13 +392,11 @@ impl Connection {
     /// moves the next expected PSN past what is now complete. Returns whether it was accepted.
     fn on_segment<M: Memory + ?Sized>(
         &mut self,
-        psn: Psn,
-        flags: u16,
-        ext: &Ext,
+        packet: &Packet<'_>,
         seg: &Segment,
-        payload: &[u8],
         mem: &mut M,
     ) -> bool {
+        let (psn, payload) = (packet.header.psn, packet.payload);
         let npackets = packets_for(seg.msg_len, self.max_payload);
         let index = psn.distance_from(seg.msg_first_psn);
         let offset_ok = seg.offset == u64::from(index) * u64::from(self.max_payload);
@@ -410,11 +409,11 @@ impl Connection {
         if let Some(current) = &self.rx.current {
             self.stats.out_of_order_placed += u64::from(psn != self.rx.expected);
             let target = current.target;
-            if !self.still_permitted(&target, ext, seg, mem) {
+            if !self.still_permitted(&target, &packet.ext, seg, mem) {
                 return false;
             }
         } else {
-            let Some(target) = self.begin_message(psn, flags, ext, seg, mem) else {
+            let Some(target) = self.begin_message(packet, seg, mem) else {
                 return false;
             };
             self.rx.current = Some(InMessage {
