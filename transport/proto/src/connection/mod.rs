@@ -595,7 +595,8 @@ impl Connection {
         self.settle_timers();
     }
 
-    /// What each deadline does when it passes. A handler re-arms or stops its own timer.
+    /// What each deadline does when it passes. A handler re-arms or stops its own timer, or
+    /// leaves it due for the transmit pass that acts on it (the RNR resume, the ACK).
     fn on_timer(&mut self, timer: Timer, now: Time) {
         match timer {
             Timer::Handshake => {
