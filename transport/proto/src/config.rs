@@ -1,5 +1,17 @@
 //! Per-connection configuration: sizes, windows, timers and retry budgets, with the defaults a
-//! thunderbolt-net link wants. Every timer is here so the simulator can compress or stretch it.
+//! thunderbolt-net link wants. Every duration the connection waits for is here, so the
+//! simulator (and a test) can compress or stretch it; the core holds no timing constant of its
+//! own. Which deadline each one sets (`connection/timer.rs` names them):
+//!
+//! | Deadline | Set from |
+//! |---|---|
+//! | handshake | active side: [`Config::initial_rto`], doubled per resend up to [`Config::max_rto`], [`Config::max_retries`] resends; passive side: [`Config::idle_timeout`] |
+//! | idle | [`Config::idle_timeout`] |
+//! | retransmission | [`Config::initial_rto`], [`Config::rto_ceiling`], [`Config::max_rto`], [`Config::max_retries`] |
+//! | receiver-not-ready resume | the delay in the peer's NAK, which is its [`Config::rnr_delay`]; [`Config::max_rnr_retries`] |
+//! | path probe | [`Config::path_probe_interval`] |
+//! | keep-alive | [`Config::keepalive_interval`] |
+//! | acknowledgement hold | [`Config::ack_hold`] |
 
 use std::time::Duration;
 
@@ -32,8 +44,12 @@ pub struct Config {
     pub max_rnr_retries: u32,
     /// Idle time after which a keep-alive probe is sent.
     pub keepalive_interval: Duration,
-    /// Silence from the peer, with nothing outstanding, after which the connection fails.
+    /// Silence from the peer, with nothing outstanding, after which the connection fails. The
+    /// passive side also waits this long for the peer's CONNECT.
     pub idle_timeout: Duration,
+    /// How often a path (rail) that was declared down is probed with a keep-alive; the peer's
+    /// answer, or any datagram arriving on it, brings the path back.
+    pub path_probe_interval: Duration,
     /// Send an acknowledgement at least every this many packets received.
     pub ack_every: u32,
     /// How long the acknowledgement of a completed message may wait for a packet of this side
@@ -69,6 +85,7 @@ impl Default for Config {
             max_rnr_retries: 7,
             keepalive_interval: Duration::from_millis(500),
             idle_timeout: Duration::from_secs(3),
+            path_probe_interval: Duration::from_millis(100),
             ack_every: 16,
             ack_hold: Duration::ZERO,
             max_send_wr: 1024,

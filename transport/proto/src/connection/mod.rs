@@ -15,12 +15,17 @@
 //! - Requester failures (retry exceeded, receiver not ready) are decided locally; responder
 //!   failures go back as a sequenced FATAL_NAK, so everything before it completes normally.
 //!
-//! Files: `tx.rs` owns the outgoing stream, `rx.rs` the incoming stream and the responder,
-//! `sq.rs` completion order, `timers.rs` deadlines.
+//! Files: `tx.rs` owns the outgoing stream, `rx.rs` the incoming stream (acceptance and order),
+//! `responder.rs` what an accepted packet does (placement, execution, refusals), `ack.rs` when
+//! to acknowledge, `sq.rs` completion order, `paths.rs` the rails, `timer.rs` the
+//! table of deadlines.
 
+mod ack;
 mod paths;
+mod responder;
 mod rx;
 mod sq;
+mod timer;
 mod tx;
 
 use std::collections::VecDeque;
@@ -35,9 +40,11 @@ use crate::time::Time;
 use crate::wire::{self, ErrorCode, Ext, Handshake, Header, Opcode};
 use crate::work::{PostError, Queue, RecvWr, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
+use ack::AckPolicy;
 use paths::Paths;
-use rx::RxStream;
+use rx::{Arrival, RxStream};
 use sq::{SendQueue, SqEntry};
+use timer::{Timer, TimerTable};
 use tx::{TimeoutAction, TxStream};
 
 /// Which side opened the connection.
@@ -211,15 +218,20 @@ pub struct Connection {
     max_payload: u32,
     tx: TxStream,
     rx: RxStream,
+    /// When to acknowledge what `rx` received.
+    ack: AckPolicy,
     sq: SendQueue,
     rq: VecDeque<RecvWr>,
     completions: VecDeque<WorkCompletion>,
     events: VecDeque<Event>,
     control: PendingControl,
-    /// Handshake retransmission deadline and attempts so far.
-    handshake_deadline: Option<Time>,
+    /// Every deadline of the connection (see `timer.rs`).
+    timers: TimerTable,
+    /// CONNECTs resent so far.
     handshake_attempts: u32,
+    /// When the peer was last heard from (the idle timeout and the keep-alive count from it).
     last_heard: Time,
+    /// When this side last sent a keep-alive, if it did since it last heard from the peer.
     keepalive_sent: Option<Time>,
     /// Why we refused a peer request, while draining.
     refused: Option<ErrorCode>,
@@ -227,8 +239,6 @@ pub struct Connection {
     paths: Paths,
     /// The path of the datagram the last `poll_transmit` produced.
     last_path: usize,
-    /// Until when a deferrable ACK waits for a reply to carry it.
-    ack_hold_until: Option<Time>,
 }
 
 impl Connection {
@@ -242,7 +252,8 @@ impl Connection {
     /// The passive side: waits for the peer's CONNECT.
     pub fn accept(config: Config, params: ConnectParams, now: Time) -> Connection {
         let mut conn = Connection::new(config, Role::Passive, params, now);
-        conn.handshake_deadline = Some(now + conn.config.idle_timeout);
+        conn.timers
+            .set(Timer::Handshake, now + conn.config.idle_timeout);
         conn
     }
 
@@ -255,20 +266,20 @@ impl Connection {
             max_payload,
             tx,
             rx: RxStream::new(),
+            ack: AckPolicy::new(&config),
             sq: SendQueue::default(),
             rq: VecDeque::new(),
             completions: VecDeque::new(),
             events: VecDeque::new(),
             control: PendingControl::default(),
-            handshake_deadline: None,
+            timers: TimerTable::default(),
             handshake_attempts: 0,
             last_heard: now,
             keepalive_sent: None,
             refused: None,
             stats: Stats::default(),
-            paths: Paths::new(),
+            paths: Paths::new(config.path_probe_interval),
             last_path: 0,
-            ack_hold_until: None,
             config,
             role,
             params,
@@ -304,7 +315,7 @@ impl Connection {
     /// Declares how many paths (rails: links to the same peer) the connection may use; path 0
     /// is the one the handshake uses. Call before traffic flows.
     pub fn set_paths(&mut self, count: usize) {
-        self.paths.set_count(count);
+        self.paths.set_count(count, &mut self.timers);
     }
 
     /// Number of paths.
@@ -341,7 +352,7 @@ impl Connection {
 
     /// Whether nothing is waiting: no request outstanding, nothing unacknowledged either way.
     pub fn is_idle(&self) -> bool {
-        self.sq.is_empty() && self.tx.is_empty() && !self.rx.ack_needed()
+        self.sq.is_empty() && self.tx.is_empty() && !self.ack.is_pending()
     }
 
     /// Posts a send-queue request (`ibv_post_send` with one work request).
@@ -434,6 +445,7 @@ impl Connection {
         let _ = now;
         self.flush_all(None);
         self.state = ConnectionState::Closed;
+        self.timers.stop_all();
         self.control.close = true;
         self.events.push_back(Event::Closed);
     }
@@ -463,6 +475,17 @@ impl Connection {
         path: usize,
         mem: &mut M,
     ) {
+        self.receive(now, datagram, path, mem);
+        self.settle_timers();
+    }
+
+    fn receive<M: Memory + ?Sized>(
+        &mut self,
+        now: Time,
+        datagram: &[u8],
+        path: usize,
+        mem: &mut M,
+    ) {
         let packet = match wire::decode(datagram) {
             Ok(packet) => packet,
             Err(wire::DecodeError::BadCrc) => {
@@ -480,12 +503,11 @@ impl Connection {
             return;
         }
         self.stats.packets_received += 1;
-        self.paths.mark_up(path);
+        self.paths.mark_up(path, &mut self.timers);
         match self.state {
             ConnectionState::Connecting => self.handle_handshake(now, &packet.ext),
             ConnectionState::Established | ConnectionState::Draining => {
-                self.last_heard = now;
-                self.keepalive_sent = None;
+                self.heard(now);
                 if let Ext::Connect(_) = packet.ext {
                     // Our ACCEPT was lost: say it again.
                     if self.role == Role::Passive {
@@ -506,15 +528,13 @@ impl Connection {
                     self.fail(None, ConnectionError::ClosedByPeer);
                     return;
                 }
-                self.handle_established_then_hold(
-                    now,
-                    &header,
-                    &packet.ext,
-                    packet.payload,
+                let arrival = Arrival {
+                    packet,
                     datagram,
                     path,
-                    mem,
-                );
+                };
+                self.handle_established(now, &arrival, mem);
+                self.ack.arm(now, &mut self.timers);
                 self.after_progress(now);
             }
             ConnectionState::Error | ConnectionState::Closed => {
@@ -535,35 +555,23 @@ impl Connection {
             self.stats.malformed += 1;
             return;
         }
-        self.last_heard = now;
+        self.heard(now);
         self.max_payload = self.max_payload.min(peer.max_payload);
         self.tx.set_peer_window(peer.window);
         self.rx.start(peer.initial_psn);
         self.state = ConnectionState::Established;
-        self.handshake_deadline = None;
+        self.timers.stop(Timer::Handshake);
         // The passive side answers; the active side is done.
         self.control.handshake = self.role == Role::Passive;
         self.events.push_back(Event::Established);
         self.enqueue_posted();
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn handle_established_then_hold<M: Memory + ?Sized>(
-        &mut self,
-        now: Time,
-        header: &Header,
-        ext: &Ext,
-        payload: &[u8],
-        datagram: &[u8],
-        path: usize,
-        mem: &mut M,
-    ) {
-        self.handle_established(now, header, ext, payload, datagram, path, mem);
-        if !self.rx.ack_needed() {
-            self.ack_hold_until = None;
-        } else if self.rx.ack_deferred() && self.ack_hold_until.is_none() {
-            self.ack_hold_until = Some(now + self.config.ack_hold);
-        }
+    /// The peer was heard from: the idle timeout starts over, and so does the keep-alive.
+    fn heard(&mut self, now: Time) {
+        self.last_heard = now;
+        self.keepalive_sent = None;
+        self.timers.set(Timer::Idle, now + self.config.idle_timeout);
     }
 
     fn handshake_params(&self) -> Handshake {
@@ -578,55 +586,81 @@ impl Connection {
     /// Processes expired deadlines. Call it when the time from [`Self::poll_timeout`] has come
     /// (calling it early or late is harmless).
     pub fn handle_timeout(&mut self, now: Time) {
-        match self.state {
-            ConnectionState::Connecting => {
-                if self.handshake_deadline.is_some_and(|d| d <= now) {
-                    match self.role {
-                        Role::Passive => self.fail(None, ConnectionError::ConnectTimeout),
-                        Role::Active => {
-                            self.handshake_attempts += 1;
-                            if self.handshake_attempts > self.config.max_retries {
-                                self.fail(None, ConnectionError::ConnectTimeout);
-                            } else {
-                                self.control.handshake = true;
-                                self.handshake_deadline = None;
-                            }
+        for timer in self.timers.expired(now) {
+            // An earlier handler may have stopped or moved this one (a failure stops them all).
+            if self.timers.is_expired(timer, now) {
+                self.on_timer(timer, now);
+            }
+        }
+        self.settle_timers();
+    }
+
+    /// What each deadline does when it passes. A handler re-arms or stops its own timer, or
+    /// leaves it due for the transmit pass that acts on it (the RNR resume, the ACK).
+    fn on_timer(&mut self, timer: Timer, now: Time) {
+        match timer {
+            Timer::Handshake => {
+                self.timers.stop(Timer::Handshake);
+                match self.role {
+                    Role::Passive => self.fail(None, ConnectionError::ConnectTimeout),
+                    Role::Active => {
+                        self.handshake_attempts += 1;
+                        if self.handshake_attempts > self.config.max_retries {
+                            self.fail(None, ConnectionError::ConnectTimeout);
+                        } else {
+                            // Re-armed, with backoff, when the CONNECT goes out.
+                            self.control.handshake = true;
                         }
                     }
                 }
             }
-            ConnectionState::Established | ConnectionState::Draining => {
-                if now >= self.last_heard + self.config.idle_timeout {
-                    self.fail(Some(WcStatus::RetryExceeded), ConnectionError::PeerSilent);
-                    return;
-                }
-                self.on_tx_timeout(now);
+            Timer::Idle => {
+                self.fail(Some(WcStatus::RetryExceeded), ConnectionError::PeerSilent);
+            }
+            // The transmit pass resumes sending (and stops the timer).
+            Timer::RnrResume => {}
+            Timer::Retransmit => self.on_tx_timeout(now),
+            Timer::PathProbe => {
+                // While draining, the probe waits (the timer stays due) until the drain ends.
                 if self.state == ConnectionState::Established {
-                    if let Some(path) = self.paths.probe_due(now) {
+                    if let Some(path) = self.paths.probe_due(now, &mut self.timers) {
                         self.control.probe = Some(path);
                     }
                 }
-                if self.state == ConnectionState::Established
-                    && self.tx.rto_deadline().is_none()
-                    && now >= self.keepalive_due()
-                {
-                    self.control.keepalive = true;
-                    self.keepalive_sent = Some(now);
-                }
             }
-            ConnectionState::Error | ConnectionState::Closed => {}
+            Timer::KeepAlive => {
+                self.control.keepalive = true;
+                self.keepalive_sent = Some(now);
+                // `settle_timers` arms the next one.
+            }
+            // The ACK is due: the transmit pass sends it (and stops the timer).
+            Timer::Ack => {}
         }
     }
 
-    fn keepalive_due(&self) -> Time {
-        self.keepalive_sent.unwrap_or(self.last_heard) + self.config.keepalive_interval
+    /// Brings the timers that follow the connection's state up to date; every input that can
+    /// change that state ends with it. A connection that ended has no deadlines. The keep-alive
+    /// runs only while established with neither a retransmission timeout nor a
+    /// receiver-not-ready pause running (both already wait for the peer), counting from the
+    /// last sign of life or the last keep-alive sent.
+    fn settle_timers(&mut self) {
+        match self.state {
+            ConnectionState::Error | ConnectionState::Closed => self.timers.stop_all(),
+            ConnectionState::Established
+                if !self.timers.is_set(Timer::Retransmit)
+                    && !self.timers.is_set(Timer::RnrResume) =>
+            {
+                let since = self.keepalive_sent.unwrap_or(self.last_heard);
+                self.timers
+                    .set(Timer::KeepAlive, since + self.config.keepalive_interval);
+            }
+            _ => self.timers.stop(Timer::KeepAlive),
+        }
     }
 
     /// Whether an acknowledgement is being held for a reply to carry (see [`Config::ack_hold`]).
     pub fn ack_held(&self) -> bool {
-        self.rx.ack_needed()
-            && self.rx.ack_deferred()
-            && self.ack_hold_until.is_some_and(|t| t > Time::ZERO)
+        self.ack.is_held()
     }
 
     /// Ends the hold of a held acknowledgement now: the next transmit pass sends it unless a
@@ -634,35 +668,14 @@ impl Connection {
     /// application comes back into the engine, so that a hold lasts one application step rather
     /// than a fixed time.
     pub fn release_held_ack(&mut self) {
-        if self.ack_held() {
-            // Due since the beginning of time: the next pass sends it.
-            self.ack_hold_until = Some(Time::ZERO);
-        }
+        self.ack.release(&mut self.timers);
+        self.settle_timers();
     }
 
-    /// The earliest time [`Self::handle_timeout`] has something to do, if any.
+    /// The earliest time [`Self::handle_timeout`] has something to do, if any: the earliest
+    /// deadline in the timer table.
     pub fn poll_timeout(&self) -> Option<Time> {
-        match self.state {
-            ConnectionState::Connecting => self.handshake_deadline,
-            ConnectionState::Established | ConnectionState::Draining => {
-                let idle = self.last_heard + self.config.idle_timeout;
-                let mut deadline = idle;
-                if let Some(t) = self.paths.next_probe() {
-                    deadline = deadline.min(t);
-                }
-                if self.rx.ack_needed() {
-                    // A held ACK is due when its hold ends; any other pending ACK, now.
-                    deadline = deadline.min(self.ack_hold_until.unwrap_or(Time::ZERO));
-                }
-                if let Some(t) = self.tx.next_deadline() {
-                    deadline = deadline.min(t);
-                } else if self.state == ConnectionState::Established {
-                    deadline = deadline.min(self.keepalive_due());
-                }
-                Some(deadline)
-            }
-            ConnectionState::Error | ConnectionState::Closed => None,
-        }
+        self.timers.next_timeout()
     }
 
     /// Writes the next datagram to send into `buf` and returns its length, or `None` when
@@ -715,7 +728,9 @@ impl Connection {
         gather_from: usize,
     ) -> Option<Transmit> {
         self.last_path = self.paths.primary();
-        let (len, payload) = self.next_datagram(now, buf, mem, gather_from)?;
+        let next = self.next_datagram(now, buf, mem, gather_from);
+        self.settle_timers();
+        let (len, payload) = next?;
         self.stats.packets_sent += 1;
         if let Some(sent) = self.paths.sent.get_mut(self.last_path) {
             *sent += 1;
@@ -742,10 +757,11 @@ impl Connection {
             } else {
                 Ext::Accept(h)
             };
-            if self.role == Role::Active {
+            if self.role == Role::Active && self.state == ConnectionState::Connecting {
                 let backoff =
                     self.config.initial_rto * 2u32.saturating_pow(self.handshake_attempts);
-                self.handshake_deadline = Some(now + backoff.min(self.config.max_rto));
+                self.timers
+                    .set(Timer::Handshake, now + backoff.min(self.config.max_rto));
             }
             return Some((self.control_packet(buf, ext), None));
         }
@@ -765,16 +781,15 @@ impl Connection {
         if let Some(sent) = self.transmit_sequenced(now, buf, mem, gather_from) {
             return Some(sent);
         }
-        let held = self.rx.ack_deferred() && self.ack_hold_until.is_some_and(|t| now < t);
-        if self.rx.ack_needed() && !held {
-            self.ack_hold_until = None;
+        if self.ack.is_pending() && !self.ack.waits_at(now, &self.timers) {
+            self.ack.on_ack_sent(&mut self.timers);
             self.stats.acks_sent += 1;
-            if let Some(path) = self.rx.reply_path.take() {
+            if let Some(path) = self.ack.take_reply_path() {
                 self.last_path = path;
             }
             let ext = self
                 .rx
-                .take_ack(self.config.window, self.config.max_datagram);
+                .ack_frame(self.config.window, self.config.max_datagram);
             return Some((self.control_packet(buf, ext), None));
         }
         if let Some(path) = self.control.probe.take() {
@@ -876,7 +891,7 @@ impl Connection {
             ConnectionState::Established | ConnectionState::Draining
         ) {
             let sq = &self.sq;
-            self.tx.arm(now, || sq.awaits_response());
+            self.tx.arm(now, &mut self.timers, || sq.awaits_response());
         }
     }
 
@@ -887,31 +902,29 @@ impl Connection {
         mem: &M,
         gather_from: usize,
     ) -> Option<(usize, Option<PayloadRef>)> {
-        let psn = self.tx.next_to_send(now)?;
+        let psn = self.tx.next_to_send(now, &mut self.timers)?;
         self.last_path = self.paths.for_packet(psn, self.tx.is_striped(psn));
         let header = self.header(Opcode::Send, psn, 0);
         let built = self
             .tx
             .build(psn, header, self.max_payload, buf, mem, gather_from);
-        if self.tx.on_sent(psn, now) {
+        if self.tx.on_sent(psn, now, &mut self.timers) {
             self.stats.retransmits += 1;
         }
-        self.rx.piggybacked();
-        if !self.rx.ack_needed() {
-            self.ack_hold_until = None;
-        }
+        self.ack
+            .on_piggybacked(self.rx.has_sacks(), &mut self.timers);
         Some(built)
     }
 
     fn on_tx_timeout(&mut self, now: Time) {
-        match self.tx.on_timeout(now) {
+        match self.tx.on_timeout(now, &mut self.timers) {
             TimeoutAction::Nothing => {}
             TimeoutAction::Retransmit => {
                 self.stats.timeouts += 1;
                 // Blame the path that carried the oldest lost packet; the others carry on.
                 let oldest = self.tx.snd_una();
                 let path = self.paths.for_packet(oldest, self.tx.is_striped(oldest));
-                self.paths.mark_down(path, now);
+                self.paths.mark_down(path, now, &mut self.timers);
             }
             TimeoutAction::Probe => {
                 self.stats.timeouts += 1;
@@ -945,6 +958,7 @@ impl Connection {
         }
         self.flush_all(culprit.map(|pos| (pos, status)));
         self.state = ConnectionState::Error;
+        self.timers.stop_all();
         // Best effort: tell the peer, so that it fails now rather than after its own timeouts.
         self.control.close = !matches!(
             error,
@@ -973,8 +987,9 @@ impl Connection {
                 imm: None,
             });
         }
-        self.tx.clear();
+        self.tx.clear(&mut self.timers);
         self.rx.clear();
+        self.ack.clear();
         self.control.keepalive = false;
     }
 

@@ -6,11 +6,13 @@
 //! paths that are up; everything else takes the first path that is up. A retransmission
 //! timeout marks the path of the oldest unacknowledged packet down (never the last one), so the
 //! retransmission and what follows go over the others. A path that is down is probed with a
-//! keep-alive every probe interval; the peer answers on the path the probe came in on, and any
-//! datagram that arrives on a path marks it up again.
+//! keep-alive every [`crate::Config::path_probe_interval`]; the peer answers on the path the probe came in on, and any
+//! datagram that arrives on a path marks it up again. The earliest probe due is the connection's
+//! [`Timer::PathProbe`], which the methods that change it keep up to date.
 
 use std::time::Duration;
 
+use super::timer::{Timer, TimerTable};
 use crate::seq::Psn;
 use crate::time::Time;
 
@@ -22,26 +24,27 @@ pub(super) struct Paths {
     pub sent: Vec<u64>,
     /// Times a path was declared down.
     pub failovers: u64,
+    /// How often a path that is down is probed.
+    probe_interval: Duration,
 }
 
-/// How often a path that is down is probed.
-pub(super) const PROBE_INTERVAL: Duration = Duration::from_millis(100);
-
 impl Paths {
-    pub fn new() -> Paths {
+    pub fn new(probe_interval: Duration) -> Paths {
         Paths {
             up: vec![true],
             next_probe: vec![Time::ZERO],
             sent: vec![0],
             failovers: 0,
+            probe_interval,
         }
     }
 
-    pub fn set_count(&mut self, n: usize) {
+    pub fn set_count(&mut self, n: usize, timers: &mut TimerTable) {
         let n = n.max(1);
         self.up = vec![true; n];
         self.next_probe = vec![Time::ZERO; n];
         self.sent = vec![0; n];
+        self.rearm(timers);
     }
 
     pub fn count(&self) -> usize {
@@ -77,31 +80,41 @@ impl Paths {
     }
 
     /// Declares `path` down unless it is the last one up; returns whether it did.
-    pub fn mark_down(&mut self, path: usize, now: Time) -> bool {
+    pub fn mark_down(&mut self, path: usize, now: Time, timers: &mut TimerTable) -> bool {
         if self.up_count() <= 1 || !self.is_up(path) {
             return false;
         }
         self.up[path] = false;
-        self.next_probe[path] = now + PROBE_INTERVAL;
+        self.next_probe[path] = now + self.probe_interval;
         self.failovers += 1;
+        self.rearm(timers);
         true
     }
 
-    pub fn mark_up(&mut self, path: usize) {
+    pub fn mark_up(&mut self, path: usize, timers: &mut TimerTable) {
         if let Some(u) = self.up.get_mut(path) {
-            *u = true;
+            if !*u {
+                *u = true;
+                self.rearm(timers);
+            }
         }
     }
 
     /// A path due for a probe at `now`, if any (its next probe is then scheduled).
-    pub fn probe_due(&mut self, now: Time) -> Option<usize> {
+    pub fn probe_due(&mut self, now: Time, timers: &mut TimerTable) -> Option<usize> {
         let path = (0..self.up.len()).find(|&p| !self.up[p] && self.next_probe[p] <= now)?;
-        self.next_probe[path] = now + PROBE_INTERVAL;
+        self.next_probe[path] = now + self.probe_interval;
+        self.rearm(timers);
         Some(path)
     }
 
+    /// Sets [`Timer::PathProbe`] to the next probe due, or stops it when every path is up.
+    fn rearm(&self, timers: &mut TimerTable) {
+        timers.set_or_stop(Timer::PathProbe, self.next_probe());
+    }
+
     /// When the next probe is due.
-    pub fn next_probe(&self) -> Option<Time> {
+    fn next_probe(&self) -> Option<Time> {
         (0..self.up.len())
             .filter(|&p| !self.up[p])
             .map(|p| self.next_probe[p])

@@ -1,47 +1,32 @@
-//! The incoming stream and the responder: in-order acceptance, placement of each packet at its
-//! offset as it arrives, execution of requests (with the protection checks), acknowledgement
-//! and negative acknowledgement, and completion of receives.
+//! The receive stream: what arrives from the peer once established, and in which order it is
+//! taken. It dispatches control packets (ACK, NAK, keep-alive) to the outgoing stream and the
+//! acknowledgement policy, and accepts sequenced packets in order: duplicates are dropped,
+//! packets of the message that holds the next expected PSN are taken in any order (tracked
+//! per packet), packets of later messages are stashed until their turn (or dropped and NAKed
+//! when the stash is full). It owns the next expected PSN, the message in progress, the stash,
+//! what an ACK reports (selective blocks) and sequence-error NAKs.
+//!
+//! What an accepted packet *does* (placement, execution, completions, refusals) is the
+//! responder's (`responder.rs`); when to acknowledge is the acknowledgement policy's (`ack.rs`).
 
 use std::time::Duration;
 
-use super::tx::{OutKind, packets_for};
+use super::responder::InTarget;
+use super::tx::packets_for;
 use super::{Connection, ConnectionError, ConnectionState};
-use crate::memory::{Access, Memory, Placement, RegionId};
+use crate::memory::{Memory, RegionId};
 use crate::seq::Psn;
 use crate::time::Time;
-use crate::wire::{
-    self, ErrorCode, Ext, FLAG_ACK_REQUEST, FLAG_HAS_IMM, Header, NakCode, SackBlock, SackList,
-    Segment,
-};
-use crate::work::{Queue, SendOp, WcOpcode, WcStatus, WorkCompletion};
+use crate::wire::{self, ErrorCode, Ext, NakCode, Packet, SackBlock, SackList, Segment};
+use crate::work::WcStatus;
 
-/// Where the packets of the message being received go.
-#[derive(Clone, Copy, Debug)]
-enum InTarget {
-    /// A SEND into a posted receive.
-    Recv {
-        wr_id: u64,
-        placement: Option<Placement>,
-        imm: Option<u32>,
-    },
-    /// A WRITE, with the receive it consumed for WRITE_WITH_IMM.
-    Write {
-        placement: Option<Placement>,
-        recv: Option<(u64, u32)>,
-    },
-    /// The data answering our READ whose request started at `req_psn`.
-    ReadResponse {
-        placement: Option<Placement>,
-        req_psn: Psn,
-    },
-}
-
-fn placement_of(target: &InTarget) -> Option<Placement> {
-    match *target {
-        InTarget::Recv { placement, .. }
-        | InTarget::Write { placement, .. }
-        | InTarget::ReadResponse { placement, .. } => placement,
-    }
+/// A datagram from the peer that passed decoding and addressing, as the receive path hands it
+/// on: the decoded packet, the bytes it was decoded from (an early packet is stashed as such)
+/// and the path it came in on.
+pub(super) struct Arrival<'a> {
+    pub packet: Packet<'a>,
+    pub datagram: &'a [u8],
+    pub path: usize,
 }
 
 /// The multi-packet message that holds the next expected PSN.
@@ -53,16 +38,6 @@ struct InMessage {
     target: InTarget,
 }
 
-/// Why the responder will not take a message now.
-enum Refusal {
-    /// No receive posted: ask the sender to retry later.
-    NotReady,
-    /// The request can never succeed: the connection ends.
-    Fatal(ErrorCode),
-    /// The packet contradicts the protocol; drop it as if corrupted.
-    Malformed,
-}
-
 #[derive(Debug)]
 pub(super) struct RxStream {
     started: bool,
@@ -70,11 +45,6 @@ pub(super) struct RxStream {
     current: Option<InMessage>,
     /// Packets of `current` received, by index from its first PSN (reused between messages).
     received: Vec<bool>,
-    ack_needed: bool,
-    /// The pending ACK only answers a message's last packet: hold it for one transmit pass, in
-    /// case this side's own next packet (a reply) can carry it instead.
-    ack_deferred: bool,
-    since_ack: u32,
     pending_nak: Option<Ext>,
     nak_sent_for: Option<Psn>,
     /// Packets of later messages that arrived early (another rail, jitter), kept until the
@@ -82,8 +52,6 @@ pub(super) struct RxStream {
     stash: Vec<(Psn, Option<Segment>, Vec<u8>)>,
     /// Buffers for the stash, reused.
     spare: Vec<Vec<u8>>,
-    /// The path on which a keep-alive probe arrived: the ACK answering it goes back there.
-    pub(super) reply_path: Option<usize>,
 }
 
 /// Early packets kept per connection before further ones are dropped.
@@ -99,14 +67,10 @@ impl RxStream {
             expected: Psn(0),
             current: None,
             received: Vec::new(),
-            ack_needed: false,
-            ack_deferred: false,
-            since_ack: 0,
             pending_nak: None,
             nak_sent_for: None,
             stash: Vec::new(),
             spare: Vec::new(),
-            reply_path: None,
         }
     }
 
@@ -139,15 +103,11 @@ impl RxStream {
         self.expected
     }
 
-    pub fn ack_needed(&self) -> bool {
-        self.ack_needed
-    }
-
     /// Where the message partly received goes (its region and byte range), while some of its
     /// packets have arrived (and may have been placed) and others have not.
     pub fn message_in_progress(&self) -> Option<(RegionId, std::ops::Range<u64>)> {
         let message = self.current.as_ref()?;
-        let at = placement_of(&message.target)?;
+        let at = message.target.placement()?;
         Some((
             at.region,
             at.offset..at.offset.saturating_add(message.msg_len),
@@ -156,29 +116,8 @@ impl RxStream {
 
     pub fn clear(&mut self) {
         self.current = None;
-        self.ack_needed = false;
-        self.ack_deferred = false;
         self.pending_nak = None;
         self.stash.clear();
-    }
-
-    fn request_ack(&mut self) {
-        self.ack_needed = true;
-        self.ack_deferred = false;
-    }
-
-    /// A message completed: acknowledge it, after one transmit pass in which a reply of ours
-    /// may carry the acknowledgement instead (unless something urgent is already pending).
-    fn request_deferred_ack(&mut self) {
-        if !self.ack_needed {
-            self.ack_needed = true;
-            self.ack_deferred = true;
-        }
-    }
-
-    /// Whether the pending ACK may wait (see `ack_deferred`).
-    pub fn ack_deferred(&self) -> bool {
-        self.ack_deferred
     }
 
     /// Selective blocks: runs of packets of the current message received beyond the gap.
@@ -233,7 +172,8 @@ impl RxStream {
         list
     }
 
-    fn has_sacks(&self) -> bool {
+    /// Whether packets beyond the gap were received (an ACK must report them).
+    pub fn has_sacks(&self) -> bool {
         !self.stash.is_empty()
             || self.current.as_ref().is_some_and(|c| {
                 let from = self.expected.distance_from(c.first_psn) as usize;
@@ -242,27 +182,35 @@ impl RxStream {
     }
 
     /// The ACK to send now, with as many selective blocks as fit in `max_datagram`.
-    pub fn take_ack(&mut self, window: u32, max_datagram: usize) -> Ext {
-        self.ack_needed = false;
-        self.ack_deferred = false;
-        self.since_ack = 0;
+    pub fn ack_frame(&self, window: u32, max_datagram: usize) -> Ext {
         let mut sacks = self.sacks();
         let room = max_datagram.saturating_sub(wire::COMMON_HEADER_LEN + 8) / 8;
         sacks.truncate(room);
         Ext::Ack { window, sacks }
     }
 
-    pub fn take_nak(&mut self) -> Option<Ext> {
-        self.pending_nak.take()
+    /// Moves past a single-packet message that was accepted.
+    fn accepted_single(&mut self, psn: Psn) {
+        self.expected = psn.plus(1);
     }
 
-    /// A sequenced packet of ours carried the cumulative acknowledgement.
-    pub fn piggybacked(&mut self) {
-        if !self.has_sacks() {
-            self.ack_needed = false;
-            self.ack_deferred = false;
-            self.since_ack = 0;
-        }
+    /// The responder refused the message in progress: nothing more of it is taken.
+    pub fn abandon_message(&mut self) {
+        self.current = None;
+    }
+
+    /// The responder has no receive for the message starting at `psn`: ask the sender to retry
+    /// after `delay`.
+    pub fn nak_not_ready(&mut self, psn: Psn, delay: Duration) {
+        self.pending_nak = Some(Ext::Nak {
+            psn,
+            code: NakCode::ReceiverNotReady,
+            rnr_delay_us: delay.as_micros().min(u32::MAX as u128) as u32,
+        });
+    }
+
+    pub fn take_nak(&mut self) -> Option<Ext> {
+        self.pending_nak.take()
     }
 
     fn nak_sequence(&mut self) -> bool {
@@ -277,32 +225,18 @@ impl RxStream {
         });
         true
     }
-
-    fn on_accepted(&mut self, flags: u16, ack_every: u32) {
-        self.since_ack += 1;
-        if self.since_ack >= ack_every {
-            self.request_ack();
-        } else if flags & FLAG_ACK_REQUEST != 0 {
-            self.request_deferred_ack();
-        }
-    }
 }
 
 impl Connection {
     /// Handles everything but the handshake once established; the header's cumulative
     /// acknowledgement has already been applied.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn handle_established<M: Memory + ?Sized>(
         &mut self,
         now: Time,
-        header: &Header,
-        ext: &Ext,
-        payload: &[u8],
-        datagram: &[u8],
-        path: usize,
+        arrival: &Arrival<'_>,
         mem: &mut M,
     ) {
-        match *ext {
+        match arrival.packet.ext {
             Ext::Ack { window, sacks } => {
                 self.tx.set_peer_window(window);
                 self.tx.on_sack(sacks.as_slice());
@@ -318,25 +252,22 @@ impl Connection {
                 rnr_delay_us,
             } => {
                 let delay = Duration::from_micros(u64::from(rnr_delay_us));
-                if !self.tx.on_rnr_nak(psn, delay, now) {
+                if !self.tx.on_rnr_nak(psn, delay, now, &mut self.timers) {
                     self.fail(
                         Some(WcStatus::RnrRetryExceeded),
                         ConnectionError::RnrRetryExceeded,
                     );
                 }
             }
-            Ext::KeepAlive => {
-                self.rx.request_ack();
-                self.rx.reply_path = Some(path);
-            }
+            Ext::KeepAlive => self.ack.answer_probe(arrival.path),
             Ext::Connect(_) | Ext::Accept(_) | Ext::Close { .. } => {}
-            _ => self.on_sequenced(now, header, ext, payload, datagram, mem),
+            _ => self.on_sequenced(now, arrival, mem),
         }
     }
 
     /// Applies the cumulative acknowledgement carried by any packet.
     pub(super) fn on_ack_psn(&mut self, now: Time, ack: Psn) {
-        let (progress, fatal_acked) = self.tx.on_cumulative_ack(ack, now);
+        let (progress, fatal_acked) = self.tx.on_cumulative_ack(ack, now, &mut self.timers);
         if progress {
             self.sq.mark_acked_before(ack);
         }
@@ -346,36 +277,32 @@ impl Connection {
         }
     }
 
-    fn on_sequenced<M: Memory + ?Sized>(
-        &mut self,
-        now: Time,
-        header: &Header,
-        ext: &Ext,
-        payload: &[u8],
-        datagram: &[u8],
-        mem: &mut M,
-    ) {
+    /// A sequenced packet: dropped if it is a duplicate or beyond the window, stashed if it
+    /// belongs to a later message, accepted otherwise (and then whatever stashed packets it
+    /// made ready).
+    fn on_sequenced<M: Memory + ?Sized>(&mut self, now: Time, arrival: &Arrival<'_>, mem: &mut M) {
         if self.state != ConnectionState::Established {
             // Draining: we refused a request; nothing after it is executed.
             return;
         }
-        let psn = header.psn;
+        let packet = &arrival.packet;
+        let psn = packet.header.psn;
         let expected = self.rx.expected;
         if psn.before(expected) {
             self.stats.duplicates += 1;
-            self.rx.request_ack();
+            self.ack.ack_now();
             return;
         }
         if psn.distance_from(expected) >= self.config.window {
             self.stats.out_of_order_dropped += 1;
             return;
         }
-        let segment = ext.segment().copied();
+        let segment = packet.ext.segment().copied();
         if !self.belongs(psn, segment.as_ref()) {
-            if self.rx.stash(psn, segment, datagram) {
+            if self.rx.stash(psn, segment, arrival.datagram) {
                 self.stats.out_of_order_stashed += 1;
                 // SACK what is held, so the sender resends only the gap.
-                self.rx.request_ack();
+                self.ack.ack_now();
                 if self.rx.stash.len() >= REORDER_THRESHOLD && self.rx.nak_sequence() {
                     self.stats.seq_naks_sent += 1;
                 }
@@ -387,7 +314,7 @@ impl Connection {
             }
             return;
         }
-        self.accept_sequenced(now, header, ext, payload, mem);
+        self.accept_sequenced(now, packet, mem);
         self.drain_stash(now, mem);
     }
 
@@ -424,45 +351,52 @@ impl Connection {
             };
             let (_, _, bytes) = self.rx.stash.remove(index);
             if let Ok(packet) = wire::decode(&bytes) {
-                self.accept_sequenced(now, &packet.header, &packet.ext, packet.payload, mem);
+                self.accept_sequenced(now, &packet, mem);
             }
             self.rx.spare.push(bytes);
         }
     }
 
+    /// The packet whose turn it is: a packet of a data-bearing message, or a single-packet
+    /// request or response, which the responder executes.
     fn accept_sequenced<M: Memory + ?Sized>(
         &mut self,
         now: Time,
-        header: &Header,
-        ext: &Ext,
-        payload: &[u8],
+        packet: &Packet<'_>,
         mem: &mut M,
     ) {
-        let psn = header.psn;
-        let segment = ext.segment().copied();
-        let is_response = matches!(ext, Ext::ReadResponse(_) | Ext::AtomicResponse { .. });
-        let accepted = match segment {
-            Some(seg) => self.on_segment(psn, header.flags, ext, &seg, payload, mem),
-            None => self.on_single(psn, ext, mem),
+        let is_response = matches!(
+            packet.ext,
+            Ext::ReadResponse(_) | Ext::AtomicResponse { .. }
+        );
+        let accepted = match packet.ext.segment().copied() {
+            Some(seg) => self.on_segment(packet, &seg, mem),
+            None => {
+                let accepted = self.execute_single(packet, mem);
+                if accepted {
+                    self.rx.accepted_single(packet.header.psn);
+                }
+                accepted
+            }
         };
         if accepted {
-            self.rx.on_accepted(header.flags, self.config.ack_every);
+            self.ack.on_accepted(packet.header.flags);
             if is_response {
-                self.tx.on_response_progress(now);
+                self.tx.on_response_progress(now, &mut self.timers);
             }
         }
     }
 
-    /// A packet of a data-bearing message. Returns whether it was accepted.
+    /// A packet of a data-bearing message: checks that it fits its message, starts the message
+    /// (the responder decides where it goes) or continues it, has the responder place it, and
+    /// moves the next expected PSN past what is now complete. Returns whether it was accepted.
     fn on_segment<M: Memory + ?Sized>(
         &mut self,
-        psn: Psn,
-        flags: u16,
-        ext: &Ext,
+        packet: &Packet<'_>,
         seg: &Segment,
-        payload: &[u8],
         mem: &mut M,
     ) -> bool {
+        let (psn, payload) = (packet.header.psn, packet.payload);
         let npackets = packets_for(seg.msg_len, self.max_payload);
         let index = psn.distance_from(seg.msg_first_psn);
         let offset_ok = seg.offset == u64::from(index) * u64::from(self.max_payload);
@@ -474,43 +408,13 @@ impl Connection {
         }
         if let Some(current) = &self.rx.current {
             self.stats.out_of_order_placed += u64::from(psn != self.rx.expected);
-            // The region may have been deregistered since the message began: check again, so a
-            // revoked region never receives another byte.
-            if let (Ext::Write(_, remote) | Ext::WriteWithImm(_, remote), Some(_)) =
-                (ext, placement_of(&current.target))
-            {
-                if mem
-                    .table()
-                    .check_remote(remote.rkey, remote.addr, seg.msg_len, Access::REMOTE_WRITE)
-                    .is_err()
-                {
-                    self.refuse(seg.msg_first_psn, ErrorCode::RemoteAccess);
-                    return false;
-                }
+            let target = current.target;
+            if !self.still_permitted(&target, &packet.ext, seg, mem) {
+                return false;
             }
         } else {
-            let target = match self.message_target(flags, ext, seg, mem) {
-                Ok(target) => target,
-                Err(Refusal::NotReady) => {
-                    if psn == seg.msg_first_psn {
-                        self.stats.rnr_naks_sent += 1;
-                        self.rx.pending_nak = Some(Ext::Nak {
-                            psn,
-                            code: NakCode::ReceiverNotReady,
-                            rnr_delay_us: self.config.rnr_delay.as_micros().min(u32::MAX as u128)
-                                as u32,
-                        });
-                    }
-                    return false;
-                }
-                Err(Refusal::Malformed) => {
-                    self.stats.malformed += 1;
-                    return false;
-                }
-                Err(Refusal::Fatal(code)) => {
-                    self.refuse(seg.msg_first_psn, code);
-                    return false;
-                }
+            let Some(target) = self.begin_message(packet, seg, mem) else {
+                return false;
             };
             self.rx.current = Some(InMessage {
                 first_psn: seg.msg_first_psn,
@@ -529,15 +433,10 @@ impl Connection {
         };
         if self.rx.received[index as usize] {
             self.stats.duplicates += 1;
-            self.rx.request_ack();
+            self.ack.ack_now();
             return false;
         }
-        let placement = placement_of(&current.target);
-        if let Some(p) = placement {
-            if !payload.is_empty() {
-                mem.write(p.region, p.offset + seg.offset, payload);
-            }
-        }
+        Connection::place(&current.target, seg.offset, payload, mem);
         self.rx.received[index as usize] = true;
         let mut expected = self.rx.expected;
         while expected.distance_from(current.first_psn) < current.npackets
@@ -548,284 +447,14 @@ impl Connection {
         self.rx.expected = expected;
         if expected.distance_from(current.first_psn) == current.npackets {
             let done = self.rx.current.take().expect("current message exists");
-            self.complete_message(&done);
-            self.rx.request_deferred_ack();
+            self.complete_message(done.target, done.msg_len);
+            self.ack.ack_deferrable();
         } else if !psn.before(self.rx.expected) {
             // Placed ahead of a gap (the expected sequence number did not move past it): tell
             // the sender what we hold so it resends only the gap. An in-order packet waits for
             // `ack_every`.
-            self.rx.request_ack();
+            self.ack.ack_now();
         }
         true
-    }
-
-    /// Decides where a new message goes, checking keys, bounds and receive buffers before any
-    /// byte of it is placed.
-    fn message_target<M: Memory + ?Sized>(
-        &mut self,
-        flags: u16,
-        ext: &Ext,
-        seg: &Segment,
-        mem: &M,
-    ) -> Result<InTarget, Refusal> {
-        let len = seg.msg_len;
-        match *ext {
-            Ext::Send(_) => {
-                let recv = *self.rq.front().ok_or(Refusal::NotReady)?;
-                let imm = (flags & FLAG_HAS_IMM != 0).then_some(seg.imm_or_req);
-                if len > recv.local.len {
-                    self.rq.pop_front();
-                    self.push_recv_completion(
-                        recv.wr_id,
-                        WcStatus::LocalLength,
-                        WcOpcode::Recv,
-                        0,
-                        None,
-                    );
-                    return Err(Refusal::Fatal(ErrorCode::InvalidRequest));
-                }
-                let placement = if len == 0 {
-                    None
-                } else {
-                    match mem.table().check_local(
-                        recv.local.lkey,
-                        recv.local.addr,
-                        len,
-                        Access::LOCAL_WRITE,
-                    ) {
-                        Ok(p) => Some(p),
-                        Err(_) => {
-                            self.rq.pop_front();
-                            self.push_recv_completion(
-                                recv.wr_id,
-                                WcStatus::LocalProtection,
-                                WcOpcode::Recv,
-                                0,
-                                None,
-                            );
-                            return Err(Refusal::Fatal(ErrorCode::RemoteOperational));
-                        }
-                    }
-                };
-                self.rq.pop_front();
-                Ok(InTarget::Recv {
-                    wr_id: recv.wr_id,
-                    placement,
-                    imm,
-                })
-            }
-            Ext::Write(_, remote) | Ext::WriteWithImm(_, remote) => {
-                let placement = if len == 0 {
-                    None
-                } else {
-                    let p = mem
-                        .table()
-                        .check_remote(remote.rkey, remote.addr, len, Access::REMOTE_WRITE)
-                        .map_err(|_| Refusal::Fatal(ErrorCode::RemoteAccess))?;
-                    Some(p)
-                };
-                let recv = if matches!(ext, Ext::WriteWithImm(..)) {
-                    let recv = self.rq.pop_front().ok_or(Refusal::NotReady)?;
-                    Some((recv.wr_id, seg.imm_or_req))
-                } else {
-                    None
-                };
-                Ok(InTarget::Write { placement, recv })
-            }
-            Ext::ReadResponse(_) => {
-                let req_psn = Psn(seg.imm_or_req);
-                let entry = self.sq.by_first_psn(req_psn).ok_or(Refusal::Malformed)?;
-                if !matches!(entry.wr.op, SendOp::Read { .. })
-                    || entry.wr.local.len != len
-                    || entry.responded
-                {
-                    return Err(Refusal::Malformed);
-                }
-                Ok(InTarget::ReadResponse {
-                    placement: entry.local,
-                    req_psn,
-                })
-            }
-            _ => Err(Refusal::Malformed),
-        }
-    }
-
-    fn complete_message(&mut self, message: &InMessage) {
-        match message.target {
-            InTarget::Recv { wr_id, imm, .. } => {
-                self.push_recv_completion(
-                    wr_id,
-                    WcStatus::Success,
-                    WcOpcode::Recv,
-                    message.msg_len,
-                    imm,
-                );
-            }
-            InTarget::Write {
-                recv: Some((wr_id, imm)),
-                ..
-            } => {
-                self.push_recv_completion(
-                    wr_id,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    message.msg_len,
-                    Some(imm),
-                );
-            }
-            InTarget::Write { recv: None, .. } => {}
-            InTarget::ReadResponse { req_psn, .. } => {
-                if let Some(entry) = self.sq.by_first_psn(req_psn) {
-                    entry.responded = true;
-                }
-            }
-        }
-    }
-
-    fn push_recv_completion(
-        &mut self,
-        wr_id: u64,
-        status: WcStatus,
-        opcode: WcOpcode,
-        byte_len: u64,
-        imm: Option<u32>,
-    ) {
-        self.completions.push_back(WorkCompletion {
-            wr_id,
-            queue: Queue::Recv,
-            status,
-            opcode,
-            byte_len,
-            imm,
-        });
-    }
-
-    /// A single-packet request or response that carries no payload. Returns whether accepted.
-    fn on_single<M: Memory + ?Sized>(&mut self, psn: Psn, ext: &Ext, mem: &mut M) -> bool {
-        let max_payload = self.max_payload;
-        match *ext {
-            Ext::ReadRequest { remote, len } => {
-                let source = if len == 0 {
-                    None
-                } else {
-                    match mem.table().check_remote(
-                        remote.rkey,
-                        remote.addr,
-                        len,
-                        Access::REMOTE_READ,
-                    ) {
-                        Ok(p) => Some(p),
-                        Err(_) => {
-                            self.refuse(psn, ErrorCode::RemoteAccess);
-                            return false;
-                        }
-                    }
-                };
-                self.tx.push_response(
-                    OutKind::ReadResponse {
-                        source,
-                        len,
-                        req_psn: psn,
-                    },
-                    max_payload,
-                );
-            }
-            Ext::FetchAdd { remote, .. } | Ext::CmpSwap { remote, .. } => {
-                if remote.addr % 8 != 0 {
-                    self.refuse(psn, ErrorCode::InvalidRequest);
-                    return false;
-                }
-                let target = match mem.table().check_remote(
-                    remote.rkey,
-                    remote.addr,
-                    8,
-                    Access::REMOTE_ATOMIC,
-                ) {
-                    Ok(p) => p,
-                    Err(_) => {
-                        self.refuse(psn, ErrorCode::RemoteAccess);
-                        return false;
-                    }
-                };
-                let mut bytes = [0u8; 8];
-                mem.read(target.region, target.offset, &mut bytes);
-                let original = u64::from_le_bytes(bytes);
-                let new = match *ext {
-                    Ext::FetchAdd { add, .. } => Some(original.wrapping_add(add)),
-                    Ext::CmpSwap { compare, swap, .. } => (original == compare).then_some(swap),
-                    _ => None,
-                };
-                if let Some(new) = new {
-                    mem.write(target.region, target.offset, &new.to_le_bytes());
-                }
-                self.tx.push_response(
-                    OutKind::AtomicResponse {
-                        req_psn: psn,
-                        original,
-                    },
-                    max_payload,
-                );
-            }
-            Ext::AtomicResponse { req_psn, original } => {
-                let Some(entry) = self.sq.by_first_psn(req_psn) else {
-                    self.stats.malformed += 1;
-                    return false;
-                };
-                if !matches!(
-                    entry.wr.op,
-                    SendOp::FetchAdd { .. } | SendOp::CmpSwap { .. }
-                ) || entry.responded
-                {
-                    self.stats.malformed += 1;
-                    return false;
-                }
-                if let Some(local) = entry.local {
-                    mem.write(local.region, local.offset, &original.to_le_bytes());
-                }
-                entry.responded = true;
-            }
-            Ext::FatalNak { req_psn, code } => {
-                self.rx.expected = psn.plus(1);
-                let status = match code {
-                    ErrorCode::RemoteAccess => WcStatus::RemoteAccess,
-                    ErrorCode::InvalidRequest => WcStatus::RemoteInvalidRequest,
-                    ErrorCode::RemoteOperational => WcStatus::RemoteOperational,
-                };
-                // Everything before the refused request has completed by now (it was
-                // acknowledged by this very packet); report it, then fail at the culprit.
-                self.sq.mark_acked_before(req_psn);
-                self.drain_send_queue();
-                let culprit = self.sq.position_containing(req_psn);
-                self.fail_at(culprit, status, ConnectionError::RequestRefused(status));
-                return true;
-            }
-            _ => {
-                self.stats.malformed += 1;
-                return false;
-            }
-        }
-        self.rx.expected = psn.plus(1);
-        true
-    }
-
-    /// Refuses the peer's request at `req_psn`: nothing of it was executed; a FATAL_NAK goes
-    /// back in order behind every response already queued, and the connection drains.
-    fn refuse(&mut self, req_psn: Psn, code: ErrorCode) {
-        let max_payload = self.max_payload;
-        self.tx
-            .push_response(OutKind::FatalNak { req_psn, code }, max_payload);
-        self.rx.current = None;
-        self.refused = Some(code);
-        self.state = ConnectionState::Draining;
-        for wr in self.rq.drain(..) {
-            self.completions.push_back(WorkCompletion {
-                wr_id: wr.wr_id,
-                queue: Queue::Recv,
-                status: WcStatus::Flushed,
-                opcode: WcOpcode::Recv,
-                byte_len: 0,
-                imm: None,
-            });
-        }
     }
 }

@@ -4,12 +4,17 @@
 //! A message is kept as one entry however many packets it spans; any packet of it can be
 //! rebuilt from its index, reading the payload from memory again. Nothing is copied aside for
 //! retransmission: as with verbs, a buffer belongs to the transport until its request completes.
+//!
+//! Its two deadlines, the retransmission timeout ([`Timer::Retransmit`]) and the end of a
+//! receiver-not-ready pause ([`Timer::RnrResume`]), live in the connection's [`TimerTable`],
+//! which the methods that move them are given.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::PayloadRef;
 use super::sq::SqEntry;
+use super::timer::{Timer, TimerTable};
 use crate::config::Config;
 use crate::memory::{Memory, Placement};
 use crate::seq::Psn;
@@ -111,8 +116,6 @@ pub(super) struct TxStream {
     sacked: Vec<(Psn, Psn)>,
     /// Retransmission cursor.
     rtx: Option<Psn>,
-    /// Receiver-not-ready pause.
-    hold_until: Option<Time>,
     peer_window: u32,
     initial_rto: Duration,
     rto_ceiling: Duration,
@@ -123,7 +126,6 @@ pub(super) struct TxStream {
     rttvar: Duration,
     /// The packet being timed: its PSN and first transmission (Karn: never a resent one).
     rtt_probe: Option<(Psn, Time)>,
-    rto_deadline: Option<Time>,
     retries: u32,
     max_retries: u32,
     rnr_retries: u32,
@@ -139,7 +141,6 @@ impl TxStream {
             messages: VecDeque::new(),
             sacked: Vec::new(),
             rtx: None,
-            hold_until: None,
             peer_window: 1,
             initial_rto: config.initial_rto,
             rto_ceiling: config.rto_ceiling.max(config.initial_rto),
@@ -148,7 +149,6 @@ impl TxStream {
             srtt: None,
             rttvar: Duration::ZERO,
             rtt_probe: None,
-            rto_deadline: None,
             retries: 0,
             max_retries: config.max_retries,
             rnr_retries: 0,
@@ -183,23 +183,13 @@ impl TxStream {
         self.messages.get(index).is_some_and(|m| m.npackets > 1)
     }
 
-    pub fn rto_deadline(&self) -> Option<Time> {
-        self.rto_deadline
-    }
-
-    pub fn next_deadline(&self) -> Option<Time> {
-        match (self.rto_deadline, self.hold_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    pub fn clear(&mut self) {
+    /// Forgets everything outstanding (the connection failed or closed).
+    pub fn clear(&mut self, timers: &mut TimerTable) {
         self.messages.clear();
         self.sacked.clear();
         self.rtx = None;
-        self.hold_until = None;
-        self.rto_deadline = None;
+        timers.stop(Timer::RnrResume);
+        timers.stop(Timer::Retransmit);
         self.snd_una = self.next_psn;
         self.next_send = self.next_psn;
     }
@@ -274,12 +264,12 @@ impl TxStream {
 
     /// The PSN to transmit next, if the window, the RNR pause and the retransmission cursor
     /// allow one.
-    pub fn next_to_send(&mut self, now: Time) -> Option<Psn> {
-        if let Some(until) = self.hold_until {
+    pub fn next_to_send(&mut self, now: Time, timers: &mut TimerTable) -> Option<Psn> {
+        if let Some(until) = timers.get(Timer::RnrResume) {
             if now < until {
                 return None;
             }
-            self.hold_until = None;
+            self.resume(timers);
         }
         if let Some(mut cursor) = self.rtx {
             if cursor.before(self.snd_una) {
@@ -299,8 +289,14 @@ impl TxStream {
             .then_some(self.next_send)
     }
 
+    /// The receiver-not-ready pause is over ([`Timer::RnrResume`] fired, or a transmit pass
+    /// found it past): the NAKed message may go again.
+    fn resume(&mut self, timers: &mut TimerTable) {
+        timers.stop(Timer::RnrResume);
+    }
+
     /// Records that `psn` went out; returns whether it was a retransmission.
-    pub fn on_sent(&mut self, psn: Psn, now: Time) -> bool {
+    pub fn on_sent(&mut self, psn: Psn, now: Time, timers: &mut TimerTable) -> bool {
         let retransmit = psn.before(self.next_send);
         if retransmit {
             self.rtx = Some(psn.plus(1));
@@ -314,8 +310,8 @@ impl TxStream {
                 self.rtt_probe = Some((psn, now));
             }
         }
-        if self.rto_deadline.is_none() {
-            self.rto_deadline = Some(now + self.rto);
+        if !timers.is_set(Timer::Retransmit) {
+            timers.set(Timer::Retransmit, now + self.rto);
         }
         retransmit
     }
@@ -432,7 +428,12 @@ impl TxStream {
 
     /// Processes a cumulative acknowledgement. Returns whether it acknowledged anything new and
     /// whether a FATAL_NAK of ours was among it.
-    pub fn on_cumulative_ack(&mut self, ack: Psn, now: Time) -> (bool, bool) {
+    pub fn on_cumulative_ack(
+        &mut self,
+        ack: Psn,
+        now: Time,
+        timers: &mut TimerTable,
+    ) -> (bool, bool) {
         if !self.snd_una.before(ack) || self.next_send.before(ack) {
             return (false, false);
         }
@@ -460,7 +461,10 @@ impl TxStream {
         self.retries = 0;
         self.rnr_retries = 0;
         self.rto = self.base_rto();
-        self.rto_deadline = self.has_unacked().then(|| now + self.rto);
+        timers.set_or_stop(
+            Timer::Retransmit,
+            self.has_unacked().then(|| now + self.rto),
+        );
         (true, fatal_acked)
     }
 
@@ -539,7 +543,13 @@ impl TxStream {
 
     /// The peer had no receive for the message at `psn`: pause, then resend it. Returns false
     /// when the receiver-not-ready budget is spent.
-    pub fn on_rnr_nak(&mut self, psn: Psn, delay: Duration, now: Time) -> bool {
+    pub fn on_rnr_nak(
+        &mut self,
+        psn: Psn,
+        delay: Duration,
+        now: Time,
+        timers: &mut TimerTable,
+    ) -> bool {
         if psn.before(self.snd_una) || !psn.before(self.next_send) {
             return true;
         }
@@ -549,8 +559,8 @@ impl TxStream {
         }
         self.rtx = Some(psn);
         let resume = now + delay;
-        self.hold_until = Some(resume);
-        self.rto_deadline = Some(resume + self.rto);
+        timers.set(Timer::RnrResume, resume);
+        timers.set(Timer::Retransmit, resume + self.rto);
         true
     }
 
@@ -558,27 +568,35 @@ impl TxStream {
     /// packets, or READ and atomic responses), and disarmed otherwise.
     /// `awaiting_response` is asked only when nothing is unacknowledged (it scans the send
     /// queue).
-    pub fn arm(&mut self, now: Time, awaiting_response: impl FnOnce() -> bool) {
+    pub fn arm(
+        &mut self,
+        now: Time,
+        timers: &mut TimerTable,
+        awaiting_response: impl FnOnce() -> bool,
+    ) {
         if !self.has_unacked() && !awaiting_response() {
-            self.rto_deadline = None;
-        } else if self.rto_deadline.is_none() {
-            self.rto_deadline = Some(now + self.rto);
+            timers.stop(Timer::Retransmit);
+        } else if !timers.is_set(Timer::Retransmit) {
+            timers.set(Timer::Retransmit, now + self.rto);
         }
     }
 
     /// A response arrived while nothing of ours was unacknowledged: the peer is alive and
     /// working, so the retry count starts over.
-    pub fn on_response_progress(&mut self, now: Time) {
+    pub fn on_response_progress(&mut self, now: Time, timers: &mut TimerTable) {
         if !self.has_unacked() {
             self.retries = 0;
             self.rto = self.base_rto();
-            self.rto_deadline = Some(now + self.rto);
+            timers.set(Timer::Retransmit, now + self.rto);
         }
     }
 
-    /// Handles the retransmission deadline.
-    pub fn on_timeout(&mut self, now: Time) -> TimeoutAction {
-        if self.rto_deadline.is_none_or(|d| now < d) || self.hold_until.is_some_and(|h| now < h) {
+    /// Handles the retransmission deadline ([`Timer::Retransmit`]): backs off and re-arms it,
+    /// or asks for the connection to fail when the retry budget is spent.
+    pub fn on_timeout(&mut self, now: Time, timers: &mut TimerTable) -> TimeoutAction {
+        if !timers.is_expired(Timer::Retransmit, now)
+            || timers.get(Timer::RnrResume).is_some_and(|h| now < h)
+        {
             return TimeoutAction::Nothing;
         }
         self.retries += 1;
@@ -587,7 +605,7 @@ impl TxStream {
         }
         self.rto = (self.rto * 2).min(self.max_rto);
         self.rtt_probe = None;
-        self.rto_deadline = Some(now + self.rto);
+        timers.set(Timer::Retransmit, now + self.rto);
         if self.has_unacked() {
             self.rtx = Some(self.snd_una);
             TimeoutAction::Retransmit
