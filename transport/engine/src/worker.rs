@@ -631,7 +631,10 @@ impl Shared {
                 state.release_held_acks();
                 state.flush(rails, now)?;
             }
-            if !state.acks_held {
+            // (Never once the engine is stopping: its drop rings the alarm under this lock,
+            // and a disarm after that would leave the keeper waiting for ever, and the drop
+            // joining it.)
+            if !state.acks_held && !self.stop.load(Ordering::SeqCst) {
                 // Nothing left to send: park. Under the lock, so that a poll after this one
                 // sees it and arms the alarm again (after the disarming).
                 if let Some(timer) = &self.keeper_timer {
@@ -1009,8 +1012,12 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.shared.wake.write(1);
-        // The keeper blocks on its alarm: ring it.
-        self.shared.arm_keeper(Duration::ZERO);
+        // The keeper blocks on its alarm: ring it, under the state lock, so that a keeper
+        // deciding to park (under that lock) either parks before the ring or sees the stop.
+        {
+            let _state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.arm_keeper(Duration::ZERO);
+        }
         if let Some(worker) = self.worker.take() {
             worker.thread().unpark();
             let _ = worker.join();
