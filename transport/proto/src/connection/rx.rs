@@ -36,6 +36,41 @@ struct InMessage {
     npackets: u32,
     msg_len: u64,
     target: InTarget,
+    /// What the packet that started it said of the whole message: every later packet must
+    /// say the same, or it is dropped as malformed (a peer could otherwise stretch a message
+    /// past the receive or the range its first packet was checked against).
+    says: MessageClaims,
+}
+
+/// What every packet of one message repeats about the whole message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MessageClaims {
+    /// The opcode's class: SEND, WRITE, WRITE_WITH_IMM or READ_RESPONSE.
+    class: u8,
+    /// The target a WRITE names (its first byte).
+    remote: Option<wire::Remote>,
+    msg_len: u64,
+    /// Immediate data, or the READ_REQUEST answered.
+    imm_or_req: u32,
+    has_imm: bool,
+}
+
+impl MessageClaims {
+    fn of(packet: &Packet<'_>, seg: &Segment) -> MessageClaims {
+        let (class, remote) = match packet.ext {
+            Ext::Send(_) => (0, None),
+            Ext::Write(_, remote) => (1, Some(remote)),
+            Ext::WriteWithImm(_, remote) => (2, Some(remote)),
+            _ => (3, None),
+        };
+        MessageClaims {
+            class,
+            remote,
+            msg_len: seg.msg_len,
+            imm_or_req: seg.imm_or_req,
+            has_imm: packet.header.flags & wire::FLAG_HAS_IMM != 0,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -407,6 +442,10 @@ impl Connection {
             return false;
         }
         if let Some(current) = &self.rx.current {
+            if MessageClaims::of(packet, seg) != current.says {
+                self.stats.malformed += 1;
+                return false;
+            }
             self.stats.out_of_order_placed += u64::from(psn != self.rx.expected);
             let target = current.target;
             if !self.still_permitted(&target, &packet.ext, seg, mem) {
@@ -421,6 +460,7 @@ impl Connection {
                 npackets,
                 msg_len: seg.msg_len,
                 target,
+                says: MessageClaims::of(packet, seg),
             });
             self.rx.received.clear();
             self.rx.received.resize(npackets as usize, false);

@@ -1385,3 +1385,110 @@ fn gathered_datagrams_are_byte_identical_to_copied_ones() {
         }
     }
 }
+
+/// Every datagram `from` has to send now, taken straight from its connection (no link).
+fn transmit_all(from: &mut crate::sim::Endpoint, now: Time) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 70_000];
+    while let Some(n) = from.conn.poll_transmit(now, &mut buf, &from.mem) {
+        out.push(buf[..n].to_vec());
+    }
+    out
+}
+
+/// `packet` re-encoded with `ext` and `payload` instead of its own (a hostile peer's forgery:
+/// it passed the handshake, so it knows the token and the sequence numbers).
+fn forge(packet: &crate::wire::Packet<'_>, ext: crate::wire::Ext, payload: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; crate::wire::MAX_HEADER_LEN + payload.len()];
+    let n = crate::wire::write_header(&mut buf, &packet.header, &ext, payload.len());
+    buf.truncate(n);
+    buf.extend_from_slice(payload);
+    crate::wire::seal(&mut buf);
+    buf
+}
+
+/// A later packet of a message must say what its first said (length, opcode class, target,
+/// immediate): a peer may not stretch a SEND past the receive it was checked against, or
+/// steer a WRITE's later packets elsewhere. Such packets are dropped as malformed, touch no
+/// byte, and the genuine ones still complete the message.
+#[test]
+fn a_later_packet_that_contradicts_its_message_is_dropped_and_touches_nothing() {
+    use crate::wire::{Ext, decode};
+    let mut p = pair();
+    let mp = u64::from(Config::default().max_payload());
+    let len = mp + 100; // Two packets.
+    let src = p.a.mem.alloc(4 * mp as usize, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(4 * mp as usize, RW);
+    p.a.mem.fill(&src, 0, &pattern(len as usize, 3));
+    p.b.mem.fill(&dst, 0, &vec![0xee; 4 * mp as usize]);
+    p.b.post_recv(RecvWr {
+        wr_id: 9,
+        local: sge(&dst, 0, len),
+    })
+    .unwrap();
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, len),
+        op: SendOp::Send { imm: Some(5) },
+    })
+    .unwrap();
+    let now = p.now;
+    let datagrams = transmit_all(&mut p.a, now);
+    let data: Vec<&Vec<u8>> = datagrams
+        .iter()
+        .filter(|d| matches!(decode(d).map(|p| p.ext), Ok(Ext::Send(_))))
+        .collect();
+    assert_eq!(data.len(), 2, "a two-packet SEND");
+    let (first, second) = (data[0], data[1]);
+    p.b.conn.handle_datagram(now, first, &mut p.b.mem);
+    let genuine = decode(second).unwrap();
+    let Ext::Send(seg) = genuine.ext else {
+        unreachable!()
+    };
+    let stretched = crate::wire::Segment {
+        msg_len: 2 * mp,
+        ..seg
+    };
+    let other_imm = crate::wire::Segment {
+        imm_or_req: 6,
+        ..seg
+    };
+    let forgeries = [
+        // Claims a longer message, so that its full-size payload runs past the receive.
+        forge(&genuine, Ext::Send(stretched), &vec![0x66; mp as usize]),
+        // Another immediate.
+        forge(&genuine, Ext::Send(other_imm), genuine.payload),
+        // A WRITE's packet inside the SEND.
+        forge(
+            &genuine,
+            Ext::Write(
+                seg,
+                crate::wire::Remote {
+                    rkey: dst.rkey,
+                    addr: dst.addr + 2 * mp,
+                },
+            ),
+            genuine.payload,
+        ),
+    ];
+    let malformed = p.b.conn.stats().malformed;
+    for forged in &forgeries {
+        p.b.conn.handle_datagram(now, forged, &mut p.b.mem);
+    }
+    assert_eq!(p.b.conn.stats().malformed, malformed + 3);
+    assert!(p.b.take_completions().is_empty(), "nothing completed");
+    assert!(
+        p.b.mem.bytes(&dst, len as usize, 3 * mp as usize - 100)
+            == &vec![0xee; 3 * mp as usize - 100][..],
+        "bytes past the posted receive were written"
+    );
+    // The genuine packet completes the message, exactly.
+    p.b.conn.handle_datagram(now, second, &mut p.b.mem);
+    let wc = only(p.b.take_completions());
+    assert_eq!(
+        (wc.status, wc.byte_len, wc.imm),
+        (WcStatus::Success, len, Some(5))
+    );
+    assert!(p.b.mem.bytes(&dst, 0, len as usize) == &pattern(len as usize, 3)[..]);
+    assert!(p.b.mem.bytes(&dst, len as usize, 100) == &[0xee; 100][..]);
+}
