@@ -40,11 +40,15 @@ use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFl
 // inserts keys (queue pair numbers, region ids); a peer-supplied number is only looked up.
 use rustc_hash::FxHashMap as HashMap;
 use tbrdma_proto::connection::ConnectParams;
-use tbrdma_proto::{Config, Connection, Event, Queue, RegionId, Time, WorkCompletion};
+use tbrdma_proto::memory::RegisterError;
+use tbrdma_proto::{
+    Access, Config, Connection, ConnectionState, Event, Memory, PostError, Queue, RecvWr, Region,
+    RegionId, SendWr, Sge, Stats, Time,
+};
 
 use crate::cq::{Completion, CqShared};
 use crate::io::{DatagramIo, EngineKind, Landing, RegionPart, TxBatch, open as open_io};
-use crate::memory::Arena;
+use crate::memory::{Arena, Buffer};
 
 /// Who runs the progress loop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,47 +176,104 @@ pub struct EngineStats {
     pub landed_in_place: u64,
 }
 
-/// One connection and where its completions go.
+/// A protection domain of one engine: which arena its regions live in. Only the engine makes
+/// them ([`Engine::add_protection_domain`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PdId(usize);
+
+/// A new connection, as the connection manager agreed it with the peer: everything the engine
+/// needs to add it ([`Engine::add_connection`]).
 #[derive(Debug)]
-pub struct Slot {
-    /// The protocol state machine.
-    pub conn: Connection,
-    /// The peer's data socket on each rail: datagrams from anywhere else are dropped.
+pub struct NewConnection {
+    /// Protocol configuration (already fitted to this engine, see [`Engine::window_limit`]).
+    pub config: Config,
+    /// Whether this side sends CONNECT (the client).
+    pub active: bool,
+    /// Token, queue pair numbers (`local_qpn` names the connection) and initial sequence number.
+    pub params: ConnectParams,
+    /// The peer's data socket on each rail, in rail order.
     pub peers: Vec<SocketAddr>,
-    /// Protection domain (index of its arena).
-    pub pd: usize,
+    /// The protection domain whose regions the connection's requests name.
+    pub pd: PdId,
     /// Where send-queue completions go.
     pub send_cq: Arc<CqShared>,
     /// Where receive-queue completions go.
     pub recv_cq: Arc<CqShared>,
+}
+
+/// Why work could not be posted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PostFailed {
+    /// The engine has no connection by that number (closed, or never added).
+    #[error("the queue pair is closed")]
+    Closed,
+    /// The protocol refused a request (queue full, malformed); the ones before it were posted.
+    #[error(transparent)]
+    Refused(#[from] PostError),
+    /// Sending what was posted failed.
+    #[error(transparent)]
+    Io(io::Error),
+}
+
+/// The bytes of a registered region a queue pair expects its next write in
+/// ([`Engine::expect_write`]).
+#[derive(Debug)]
+pub struct WriteZone {
+    /// The region's bytes.
+    pub buffer: Arc<Buffer>,
+    /// The region's id in its protection domain.
+    pub region: RegionId,
+    /// The region's remote key.
+    pub rkey: u32,
+    /// Where the write's payload starts in `buffer`: the [`SEND_HEADROOM`] bytes in front of it
+    /// must lie in the buffer too (the header is received there).
+    pub offset: usize,
+    /// How many payload bytes the write brings.
+    pub len: usize,
+}
+
+/// One connection and where its completions go.
+#[derive(Debug)]
+struct Slot {
+    /// The protocol state machine.
+    conn: Connection,
+    /// The peer's data socket on each rail: datagrams from anywhere else are dropped.
+    peers: Vec<SocketAddr>,
+    /// Protection domain (index of its arena).
+    pd: usize,
+    /// Where send-queue completions go.
+    send_cq: Arc<CqShared>,
+    /// Where receive-queue completions go.
+    recv_cq: Arc<CqShared>,
     /// Connection events not yet read.
-    pub events: Vec<Event>,
-    /// Region named by each outstanding send, in post order (for deregistration).
-    pub sq_regions: VecDeque<Option<RegionId>>,
+    events: Vec<Event>,
+    /// Region named by each outstanding send, in post order (see [`State::record_post`]).
+    sq_regions: VecDeque<Option<RegionId>>,
     /// Region named by each posted receive, in post order.
-    pub rq_regions: VecDeque<Option<RegionId>>,
+    rq_regions: VecDeque<Option<RegionId>>,
     /// The application dropped its queue pair: remove the slot once it has nothing to send.
-    pub detached: bool,
+    detached: bool,
     /// Receive-queue completions delivered so far (a landing zone is valid only for an
     /// application that has seen them all, see [`State::set_landing`]).
-    pub recv_completions: u64,
+    recv_completions: u64,
     /// The application promised that the [`SEND_HEADROOM`] bytes in front of every send
     /// payload of this queue pair are its to write while the request is outstanding: gathered
     /// datagrams then have their header written there and leave as one buffer.
-    pub send_headroom: bool,
+    send_headroom: bool,
 }
 
 /// Everything the loop and the application share, behind one lock.
 #[derive(Debug)]
-pub struct State {
+struct State {
     /// One arena per protection domain.
-    pub arenas: Vec<Arena>,
+    arenas: Vec<Arena>,
     /// Outstanding requests naming each region, per protection domain.
-    pub region_users: HashMap<(usize, RegionId), usize>,
+    region_users: HashMap<(usize, RegionId), usize>,
     /// Connections by local queue pair number.
-    pub conns: HashMap<u32, Slot>,
+    conns: HashMap<u32, Slot>,
     /// Counters.
-    pub stats: EngineStats,
+    stats: EngineStats,
     next_qpn: u32,
     /// Datagrams waiting to leave, one batch per rail.
     tx: Vec<TxBatch>,
@@ -265,7 +326,7 @@ impl RailBinding {
 
 impl State {
     /// A fresh queue pair number.
-    pub fn reserve_qpn(&mut self) -> u32 {
+    fn reserve_qpn(&mut self) -> u32 {
         loop {
             self.next_qpn = self.next_qpn.wrapping_add(1).max(1);
             if !self.conns.contains_key(&self.next_qpn) {
@@ -276,16 +337,87 @@ impl State {
 
     /// Adds a connection; its rails' sockets are connected to its peer when it is their only
     /// one (see [`Binding`]), before its first datagram leaves.
-    pub fn add_slot(&mut self, qp_num: u32, slot: Slot) {
-        for (binding, peer) in self.bindings.iter_mut().zip(&slot.peers) {
+    fn add_connection(&mut self, new: NewConnection, now: Time) {
+        let NewConnection {
+            config,
+            active,
+            params,
+            peers,
+            pd,
+            send_cq,
+            recv_cq,
+        } = new;
+        let qp_num = params.local_qpn;
+        let mut conn = if active {
+            Connection::connect(config, params, now)
+        } else {
+            Connection::accept(config, params, now)
+        };
+        conn.set_paths(peers.len());
+        for (binding, peer) in self.bindings.iter_mut().zip(&peers) {
             binding.wanted = match binding.wanted {
                 Binding::Open => Binding::Peer(*peer),
                 Binding::Peer(p) if p == *peer => Binding::Peer(p),
                 Binding::Peer(_) | Binding::Shared => Binding::Shared,
             };
         }
+        let slot = Slot {
+            conn,
+            peers,
+            pd: pd.0,
+            send_cq,
+            recv_cq,
+            events: Vec::new(),
+            sq_regions: VecDeque::new(),
+            rq_regions: VecDeque::new(),
+            detached: false,
+            recv_completions: 0,
+            send_headroom: false,
+        };
         self.conns.insert(qp_num, slot);
         self.dirty = true;
+    }
+
+    /// Posts every request of `wrs` on queue pair `qpn`'s `queue` with `post`, stopping at the
+    /// first one refused, and records which region each names (see [`Self::record_post`]).
+    fn post_work<W>(
+        &mut self,
+        qpn: u32,
+        wrs: &[W],
+        queue: Queue,
+        post: impl Fn(&mut Connection, &Arena, &W) -> Result<Sge, PostError>,
+    ) -> Result<(), PostFailed> {
+        let State {
+            conns,
+            arenas,
+            region_users,
+            ..
+        } = self;
+        let slot = conns.get_mut(&qpn).ok_or(PostFailed::Closed)?;
+        let arena = &arenas[slot.pd];
+        for wr in wrs {
+            let local = post(&mut slot.conn, arena, wr)?;
+            let region = region_of(arena, local);
+            record_post(region_users, slot, queue, region);
+        }
+        Ok(())
+    }
+
+    /// Revokes the keys of `region` of protection domain `pd` and, when no outstanding request
+    /// names it, forgets its bytes too; otherwise returns how many requests still do (its bytes
+    /// stay until they complete: an in-flight send never reads freed memory).
+    fn deregister(&mut self, pd: PdId, region: RegionId) -> Result<(), usize> {
+        let key = (pd.0, region);
+        let arena = &mut self.arenas[pd.0];
+        let _ = arena.table_mut().deregister(region);
+        match self.region_users.get(&key).copied().unwrap_or(0) {
+            0 => {
+                arena.deregister(region);
+                self.region_users.remove(&key);
+                Ok(())
+            }
+            users => Err(users),
+        }
     }
 
     /// Connects or disconnects rail sockets whose wanted association changed.
@@ -309,7 +441,7 @@ impl State {
     }
 
     /// Ends every acknowledgement hold: the next transmit pass sends them.
-    pub fn release_held_acks(&mut self) {
+    fn release_held_acks(&mut self) {
         if std::mem::take(&mut self.acks_held) {
             self.dirty = true;
             for slot in self.conns.values_mut() {
@@ -325,7 +457,7 @@ impl State {
     /// partly received: its first packets may already lie there, and any datagram received
     /// into the zone would overwrite them (such as its missing last packet, resent). With
     /// `None`, takes back any zone lent.
-    pub fn set_landing(&mut self, pd: usize, landing: Option<Landing>, seen: u64) -> bool {
+    fn set_landing(&mut self, pd: usize, landing: Option<Landing>, seen: u64) -> bool {
         self.clear_landing();
         let Some(landing) = landing else {
             return true;
@@ -358,7 +490,7 @@ impl State {
     }
 
     /// Takes back the landing zone lent for queue pair `qpn`, if that is whose it is.
-    pub fn forget_landing_of(&mut self, qpn: u32) {
+    fn forget_landing_of(&mut self, qpn: u32) {
         if self.landing.as_ref().is_some_and(|l| l.qpn == qpn) {
             self.clear_landing();
         }
@@ -368,14 +500,9 @@ impl State {
         end_loan(&mut self.landing, &mut self.arenas[..], self.landing_pd);
     }
 
-    /// Counts one more outstanding request naming `region`.
-    pub fn use_region(&mut self, pd: usize, region: Option<RegionId>) {
-        use_region(&mut self.region_users, pd, region);
-    }
-
     /// Receives, handles deadlines, transmits and routes completions once. Returns whether
     /// anything happened.
-    pub fn run_once(&mut self, rails: &mut [Box<dyn DatagramIo>], now: Time) -> io::Result<bool> {
+    fn run_once(&mut self, rails: &mut [Box<dyn DatagramIo>], now: Time) -> io::Result<bool> {
         let State {
             conns,
             arenas,
@@ -431,7 +558,7 @@ impl State {
 
     /// Transmits whatever the connections have to send and routes their completions and
     /// events. Returns whether a datagram went out.
-    pub fn flush(&mut self, rails: &mut [Box<dyn DatagramIo>], now: Time) -> io::Result<bool> {
+    fn flush(&mut self, rails: &mut [Box<dyn DatagramIo>], now: Time) -> io::Result<bool> {
         self.dirty = false;
         self.apply_bindings(rails);
         let mut sent = false;
@@ -517,7 +644,7 @@ impl State {
                         (&slot.recv_cq, &mut slot.rq_regions)
                     }
                 };
-                release_region(region_users, slot.pd, regions.pop_front().flatten());
+                release_completed(region_users, slot.pd, regions);
                 cq.push(Completion {
                     wc,
                     qp_num: slot.conn.params().local_qpn,
@@ -551,7 +678,7 @@ impl State {
     }
 
     /// The earliest connection deadline.
-    pub fn next_deadline(&self) -> Option<Time> {
+    fn next_deadline(&self) -> Option<Time> {
         self.next_deadline
     }
 }
@@ -563,23 +690,49 @@ fn end_loan(landing: &mut Option<Landing>, arenas: &mut [Arena], pd: usize) {
     }
 }
 
-/// One more outstanding request names `region`.
-pub fn use_region(
+// The rule that lets a region be deregistered safely: the i-th completion of a queue releases
+// the region named by the i-th request posted on it (both queues complete in post order), and a
+// region's bytes are forgotten only when no outstanding request names it. `record_post` and
+// `release_completed` are the only places that change the per-queue FIFOs and the counts.
+
+/// The region (if any) that the local buffer of a request names.
+fn region_of(arena: &Arena, local: Sge) -> Option<RegionId> {
+    (local.len > 0)
+        .then(|| {
+            arena
+                .table()
+                .check_local(local.lkey, local.addr, local.len, Access::empty())
+                .ok()
+                .map(|p| p.region)
+        })
+        .flatten()
+}
+
+/// A request naming `region` was posted on `slot`'s `queue`: remember it in post order and
+/// count one more user of the region.
+fn record_post(
     users: &mut HashMap<(usize, RegionId), usize>,
-    pd: usize,
+    slot: &mut Slot,
+    queue: Queue,
     region: Option<RegionId>,
 ) {
+    match queue {
+        Queue::Send => slot.sq_regions.push_back(region),
+        Queue::Recv => slot.rq_regions.push_back(region),
+    }
     if let Some(r) = region {
-        *users.entry((pd, r)).or_default() += 1;
+        *users.entry((slot.pd, r)).or_default() += 1;
     }
 }
 
-/// One outstanding request naming `region` completed.
-fn release_region(
+/// The oldest outstanding request of the queue whose posted regions are `posted` completed:
+/// its region has one user fewer.
+fn release_completed(
     users: &mut HashMap<(usize, RegionId), usize>,
     pd: usize,
-    region: Option<RegionId>,
+    posted: &mut VecDeque<Option<RegionId>>,
 ) {
+    let region = posted.pop_front().flatten();
     if let Some(n) = region.and_then(|r| users.get_mut(&(pd, r))) {
         *n = n.saturating_sub(1);
     }
@@ -920,7 +1073,7 @@ impl Engine {
     }
 
     /// Locks the shared state (registrations, connection setup, statistics).
-    pub fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         let mut state = self.shared.state.lock().expect("engine state lock");
         // Whoever locks may change what there is to send.
         state.dirty = true;
@@ -929,7 +1082,7 @@ impl Engine {
 
     /// Runs `f` on the state, then makes sure whatever it queued gets sent: at once in caller
     /// mode, by waking the engine thread in thread mode. This is the doorbell.
-    pub fn post<R>(&self, f: impl FnOnce(&mut State, Time) -> R) -> io::Result<R> {
+    fn post<R>(&self, f: impl FnOnce(&mut State, Time) -> R) -> io::Result<R> {
         match self.config.progress {
             Progress::Caller => {
                 let mut io = self.shared.io.lock().expect("io lock");
@@ -957,7 +1110,7 @@ impl Engine {
     /// [`Engine::post`], or with `quiet` in caller mode, for work that puts nothing on the wire
     /// by itself (posted receives), no transmit pass now: the next poll's pass routes whatever
     /// it produced (a flushed receive on a failed connection, say).
-    pub fn post_maybe_quiet<R>(
+    fn post_maybe_quiet<R>(
         &self,
         quiet: bool,
         f: impl FnOnce(&mut State, Time) -> R,
@@ -986,6 +1139,168 @@ impl Engine {
         } else {
             configured
         }
+    }
+}
+
+/// The engine's bookkeeping, by intention: every change to connections, regions and landing
+/// zones goes through these, so that the state's invariants live in this file alone.
+impl Engine {
+    /// A fresh queue pair number (for the connection manager to announce before adding it).
+    pub fn reserve_qpn(&self) -> u32 {
+        self.lock().reserve_qpn()
+    }
+
+    /// A new protection domain: an arena for regions, with keys from a fresh OS seed.
+    pub fn add_protection_domain(&self) -> PdId {
+        let mut seed = [0u8; 32];
+        for chunk in seed.chunks_mut(8) {
+            chunk.copy_from_slice(&random_u64().to_le_bytes());
+        }
+        let mut state = self.lock();
+        state.arenas.push(Arena::new(seed));
+        PdId(state.arenas.len() - 1)
+    }
+
+    /// Registers `buffer` with `access` in protection domain `pd`.
+    pub fn register(
+        &self,
+        pd: PdId,
+        buffer: Arc<Buffer>,
+        access: Access,
+    ) -> Result<Region, RegisterError> {
+        self.lock().arenas[pd.0].register(buffer, access)
+    }
+
+    /// Revokes the keys of `region` in `pd` at once and, unless an outstanding request still
+    /// names it, forgets its bytes; otherwise returns how many requests do. Call it again once
+    /// they completed (the keys stay revoked meanwhile, the bytes stay mapped).
+    pub fn deregister(&self, pd: PdId, region: RegionId) -> Result<(), usize> {
+        self.lock().deregister(pd, region)
+    }
+
+    /// Adds a connection (not yet established) and starts its handshake.
+    pub fn add_connection(&self, new: NewConnection) -> io::Result<()> {
+        self.post(|state, now| state.add_connection(new, now))
+    }
+
+    /// Posts send-queue work requests on queue pair `qpn` under one lock and one doorbell.
+    /// Stops at the first refused request; the ones before it were posted.
+    pub fn post_send(&self, qpn: u32, wrs: &[SendWr]) -> Result<(), PostFailed> {
+        self.post(|state, _now| {
+            state.post_work(qpn, wrs, Queue::Send, |conn, arena, wr| {
+                conn.post_send(*wr, arena)?;
+                Ok(wr.local)
+            })
+        })
+        .map_err(PostFailed::Io)?
+    }
+
+    /// Posts receive buffers on queue pair `qpn`, in order. A posted receive puts nothing on
+    /// the wire: in caller mode no transmit pass runs for it (the next poll's does).
+    pub fn post_recv(&self, qpn: u32, wrs: &[RecvWr]) -> Result<(), PostFailed> {
+        self.post_maybe_quiet(true, |state, _now| {
+            state.post_work(qpn, wrs, Queue::Recv, |conn, _arena, wr| {
+                conn.post_recv(*wr)?;
+                Ok(wr.local)
+            })
+        })
+        .map_err(PostFailed::Io)?
+    }
+
+    /// Sets whether queue pair `qpn` lends the engine the [`SEND_HEADROOM`] bytes in front of
+    /// its send payloads (see `QueuePair::set_send_headroom` in tbrdma-verbs). False when the
+    /// engine has no such queue pair.
+    pub fn set_send_headroom(&self, qpn: u32, on: bool) -> bool {
+        let mut state = self.lock();
+        let Some(slot) = state.conns.get_mut(&qpn) else {
+            return false;
+        };
+        slot.send_headroom = on;
+        true
+    }
+
+    /// Lends the engine `zone` for receiving the write queue pair `qpn` expects next (see
+    /// [`Landing`]): the header's room in front of the payload and room for one datagram's
+    /// payload. `seen`: how many receive completions of the queue pair the application has
+    /// polled. `Some(false)`: refused (see `State::set_landing`); `None`: no such queue pair.
+    ///
+    /// # Panics
+    /// If the zone, with its header room, does not lie in `zone.buffer`.
+    pub fn expect_write(&self, qpn: u32, zone: WriteZone, seen: u64) -> Option<bool> {
+        let mut state = self.lock();
+        let slot = state.conns.get(&qpn)?;
+        let pd = slot.pd;
+        // Room for one datagram's payload: a write of several lands its first one here.
+        let room = zone.len.min(slot.conn.max_payload() as usize);
+        let addr = zone.buffer.addr() + zone.offset as u64;
+        let landing = Landing {
+            qpn,
+            zone: RegionPart::new(
+                zone.buffer,
+                zone.offset - SEND_HEADROOM,
+                SEND_HEADROOM + room,
+            ),
+            region: zone.region,
+            rkey: zone.rkey,
+            addr,
+        };
+        Some(state.set_landing(pd, Some(landing), seen))
+    }
+
+    /// Closes queue pair `qpn` (its CLOSE goes out; the engine forgets it once sent) and takes
+    /// back any landing zone it lent.
+    pub fn close(&self, qpn: u32) -> io::Result<()> {
+        self.post(|state, now| {
+            state.forget_landing_of(qpn);
+            if let Some(slot) = state.conns.get_mut(&qpn) {
+                slot.conn.close(now);
+                // The engine removes the slot once the CLOSE has gone out.
+                slot.detached = true;
+            }
+        })
+    }
+
+    /// The state of connection `qpn` ([`ConnectionState::Closed`] once the engine forgot it).
+    pub fn connection_state(&self, qpn: u32) -> ConnectionState {
+        self.lock()
+            .conns
+            .get(&qpn)
+            .map_or(ConnectionState::Closed, |s| s.conn.state())
+    }
+
+    /// Events of connection `qpn` since the last call.
+    pub fn take_events(&self, qpn: u32) -> Vec<Event> {
+        self.lock()
+            .conns
+            .get_mut(&qpn)
+            .map(|s| std::mem::take(&mut s.events))
+            .unwrap_or_default()
+    }
+
+    /// Whether connection `qpn` completed its handshake and the event is still unread.
+    pub fn was_established(&self, qpn: u32) -> bool {
+        self.lock()
+            .conns
+            .get(&qpn)
+            .is_some_and(|s| s.events.contains(&Event::Established))
+    }
+
+    /// Protocol counters of connection `qpn` (zeros once the engine forgot it).
+    pub fn connection_stats(&self, qpn: u32) -> Stats {
+        self.lock()
+            .conns
+            .get(&qpn)
+            .map(|s| *s.conn.stats())
+            .unwrap_or_default()
+    }
+
+    /// Datagrams connection `qpn` sent on each rail, and how many times a rail was declared
+    /// down.
+    pub fn rail_stats(&self, qpn: u32) -> (Vec<u64>, u64) {
+        self.lock().conns.get(&qpn).map_or((Vec::new(), 0), |s| {
+            let (sent, failovers) = s.conn.path_stats();
+            (sent.to_vec(), failovers)
+        })
     }
 }
 
@@ -1101,42 +1416,4 @@ fn run_locked(shared: &Shared, rails: &mut [Box<dyn DatagramIo>]) -> bool {
             false
         }
     }
-}
-
-/// Creates a connection slot (the connection manager calls this once endpoints are known).
-#[allow(clippy::too_many_arguments)]
-pub fn new_slot(
-    config: Config,
-    active: bool,
-    params: ConnectParams,
-    now: Time,
-    peers: Vec<SocketAddr>,
-    pd: usize,
-    send_cq: Arc<CqShared>,
-    recv_cq: Arc<CqShared>,
-) -> Slot {
-    let mut conn = if active {
-        Connection::connect(config, params, now)
-    } else {
-        Connection::accept(config, params, now)
-    };
-    conn.set_paths(peers.len());
-    Slot {
-        conn,
-        peers,
-        pd,
-        send_cq,
-        recv_cq,
-        events: Vec::new(),
-        sq_regions: VecDeque::new(),
-        rq_regions: VecDeque::new(),
-        detached: false,
-        recv_completions: 0,
-        send_headroom: false,
-    }
-}
-
-/// Test helper: a completion for pattern matching.
-pub fn completion_of(c: &Completion) -> &WorkCompletion {
-    &c.wc
 }
