@@ -8,10 +8,14 @@
 //! `unsafe` lives only in `io/sockets.rs`, `io/uring.rs`, `io/packet.rs`, `memory.rs`, `sched.rs` and `socket.rs`, each of
 //! which says so at the top.
 
+mod config;
 pub mod cq;
 pub mod io;
+mod keeper;
 pub mod memory;
 pub mod probe;
+mod progress;
 pub mod sched;
 pub mod socket;
+mod state;
 pub mod worker;
