@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::mem::ManuallyDrop;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
@@ -30,7 +30,9 @@ use io_uring::types::{CancelBuilder, Fd, Napi, RecvMsgOut, SubmitArgs, Timespec}
 use io_uring::{IoUring, Probe, cqueue, opcode, squeue};
 use memmap2::MmapMut;
 
-use super::{DatagramIo, EngineKind, TxBatch, filtered_on_the_way_out};
+use super::send_error::{Attempt, Next, SendFailures, is_stale_icmp};
+use super::sys;
+use super::{DatagramIo, EngineKind, TxBatch};
 
 /// Submission queue size: the most sends in flight per `io_uring_enter`.
 const SQ_ENTRIES: u32 = 256;
@@ -48,11 +50,6 @@ const RX_BUFS_MAX: usize = 4096;
 const RX_NAME_LEN: usize = 48;
 /// Size of `struct io_uring_recvmsg_out`, which precedes the name in each receive buffer.
 const RECVMSG_OUT_LEN: usize = 16;
-/// Retries of a send the kernel refused for lack of buffer space before the datagram is
-/// dropped (as the sockets backend).
-const SEND_RETRIES: u32 = 1000;
-/// Retries of a send that picked up a stale ICMP error (it was not sent; the error is gone).
-const ICMP_RETRIES: u32 = 16;
 
 /// Datagrams of at least this many bytes are sent with `SENDMSG_ZC`; `None` never does.
 ///
@@ -348,17 +345,11 @@ struct MsgHdr(libc::msghdr);
 // owner to another thread does not move that memory.
 unsafe impl Send for MsgHdr {}
 
-fn zeroed_msghdr() -> libc::msghdr {
-    // SAFETY: an all-zero msghdr (null pointers, zero lengths) is a valid value.
-    unsafe { std::mem::zeroed() }
-}
-
 /// Per-datagram state of one `send` call.
 #[derive(Clone, Copy, Debug, Default)]
 struct TxSlot {
     name_len: libc::socklen_t,
-    retries: u32,
-    icmp_retries: u32,
+    attempt: Attempt,
 }
 
 /// Storage the send SQEs point into; sized to the largest batch seen, never resized while a
@@ -390,18 +381,16 @@ impl TxState {
     fn prepare(&mut self, batch: &TxBatch, peer: Option<SocketAddr>) {
         let n = batch.len();
         if self.hdrs.len() < n {
-            // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
-            let zero_name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-            self.names.resize(n, zero_name);
+            self.names.resize(n, sys::empty_storage());
             self.iovs.resize_with(n, || [IoVec::EMPTY, IoVec::EMPTY]);
-            self.hdrs.resize_with(n, || MsgHdr(zeroed_msghdr()));
+            self.hdrs.resize_with(n, || MsgHdr(sys::empty_msghdr()));
             self.slots.resize(n, TxSlot::default());
         }
         self.queue.clear();
         self.done.clear();
         for i in 0..n {
             let (data, dest) = batch.get(i);
-            let (name, mut name_len) = sockaddr(&dest);
+            let (name, mut name_len) = sys::to_storage(&dest);
             if peer == Some(dest) {
                 // The connected peer: no address, the kernel's cached route.
                 name_len = 0;
@@ -430,15 +419,20 @@ impl TxState {
         let names = self.names.as_mut_ptr();
         let iovs = self.iovs.as_mut_ptr();
         for i in 0..n {
-            let mut hdr = zeroed_msghdr();
             // `wrapping_add` keeps this safe; `i < n <= len` so the pointers are in bounds.
-            if self.slots[i].name_len > 0 {
-                hdr.msg_name = names.wrapping_add(i).cast();
-                hdr.msg_namelen = self.slots[i].name_len;
-            }
-            hdr.msg_iov = iovs.wrapping_add(i).cast();
-            hdr.msg_iovlen = if batch.part(i).is_some() { 2 } else { 1 };
-            self.hdrs[i] = MsgHdr(hdr);
+            let name_len = self.slots[i].name_len;
+            let name = if name_len > 0 {
+                names.wrapping_add(i).cast()
+            } else {
+                std::ptr::null_mut()
+            };
+            let iov_len = if batch.part(i).is_some() { 2 } else { 1 };
+            self.hdrs[i] = MsgHdr(sys::msghdr(
+                name,
+                name_len,
+                iovs.wrapping_add(i).cast(),
+                iov_len,
+            ));
         }
     }
 
@@ -464,60 +458,6 @@ impl IoVec {
 // SAFETY: as for `MsgHdr`: the pointer targets a `TxBatch` buffer or region part only during
 // one `send` call.
 unsafe impl Send for IoVec {}
-
-fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    let sa = socket2::SockAddr::from(*addr);
-    // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = (sa.len() as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
-    // SAFETY: `sa` holds `len` initialised bytes at `as_ptr`; `storage` is a distinct local
-    // with room for them.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            sa.as_ptr() as *const u8,
-            &mut storage as *mut _ as *mut u8,
-            len,
-        );
-    }
-    (storage, len as libc::socklen_t)
-}
-
-/// Decodes the `sockaddr_in` / `sockaddr_in6` bytes the kernel wrote into a receive buffer.
-fn parse_name(name: &[u8]) -> Option<SocketAddr> {
-    let family = i32::from(u16::from_ne_bytes(name.get(0..2)?.try_into().ok()?));
-    let port = u16::from_be_bytes(name.get(2..4)?.try_into().ok()?);
-    match family {
-        libc::AF_INET => {
-            let ip: [u8; 4] = name.get(4..8)?.try_into().ok()?;
-            Some(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(ip), port)))
-        }
-        libc::AF_INET6 => {
-            let flowinfo = u32::from_be_bytes(name.get(4..8)?.try_into().ok()?);
-            let ip: [u8; 16] = name.get(8..24)?.try_into().ok()?;
-            let scope = u32::from_ne_bytes(name.get(24..28)?.try_into().ok()?);
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(ip),
-                port,
-                flowinfo,
-                scope,
-            )))
-        }
-        _ => None,
-    }
-}
-
-fn is_transient(errno: i32) -> bool {
-    matches!(errno, libc::EAGAIN | libc::ENOBUFS | libc::EINTR)
-}
-
-/// ICMP errors from earlier datagrams surface on later operations of an unconnected UDP socket
-/// and say nothing about this one.
-fn is_stale_icmp_error(errno: i32) -> bool {
-    matches!(
-        errno,
-        libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EHOSTDOWN
-    )
-}
 
 /// A completed receive: buffer `bid` holds `len` bytes (recvmsg_out header, name, payload).
 #[derive(Clone, Copy, Debug)]
@@ -553,9 +493,8 @@ pub struct UringIo {
     /// The descriptor a wake-up poll is armed on, if any.
     wake_armed: Option<RawFd>,
     tx: TxState,
-    send_drops: u64,
-    /// A packet filter's drop was reported (see [`filtered_on_the_way_out`]).
-    warned_filter: bool,
+    /// Datagrams dropped, and whether a filter's drop was reported.
+    failures: SendFailures,
     /// The address the socket is connected to, if any.
     peer: Option<SocketAddr>,
     /// Times the multishot receive was armed.
@@ -572,7 +511,7 @@ impl std::fmt::Debug for UringIo {
             .field("setup", &self.setup)
             .field("rx_armed", &self.rx_armed)
             .field("rx_ready", &self.rx_ready.len())
-            .field("send_drops", &self.send_drops)
+            .field("send_drops", &self.failures.drops())
             .finish_non_exhaustive()
     }
 }
@@ -656,7 +595,7 @@ impl UringIo {
             }
         };
 
-        let mut rx_hdr = Box::new(MsgHdr(zeroed_msghdr()));
+        let mut rx_hdr = Box::new(MsgHdr(sys::empty_msghdr()));
         rx_hdr.0.msg_namelen = RX_NAME_LEN as libc::socklen_t;
         let rx_buffers = (usize::from(rx.count), rx.size);
         // The flags are named by the attempt that succeeded (see `SETUP_SINGLE`/`SETUP_SHARED`).
@@ -674,8 +613,7 @@ impl UringIo {
             rx_error: None,
             wake_armed: None,
             tx: TxState::default(),
-            send_drops: 0,
-            warned_filter: false,
+            failures: SendFailures::default(),
             peer: None,
             rx_arms: 0,
             rx_takeovers: 0,
@@ -846,9 +784,7 @@ impl UringIo {
                     let errno = -res;
                     // ENOBUFS: the buffer ring ran dry (re-armed once buffers are back);
                     // ECANCELED: cancelled on drop.
-                    if !(errno == libc::ENOBUFS
-                        || errno == libc::ECANCELED
-                        || is_stale_icmp_error(errno))
+                    if !(errno == libc::ENOBUFS || errno == libc::ECANCELED || is_stale_icmp(errno))
                     {
                         self.rx_error
                             .get_or_insert(io::Error::from_raw_os_error(errno));
@@ -943,27 +879,14 @@ impl DatagramIo for UringIo {
                         if res >= 0 {
                             continue;
                         }
-                        let errno = -res;
-                        let slot = &mut self.tx.slots[i];
-                        if is_transient(errno) {
-                            if slot.retries < SEND_RETRIES {
-                                slot.retries += 1;
-                                self.tx.queue.push_back(i);
-                            } else {
-                                // The socket buffer stayed full: drop it, the protocol resends.
-                                self.send_drops += 1;
-                            }
-                        } else if filtered_on_the_way_out(Some(errno), &mut self.warned_filter) {
+                        let attempt = &mut self.tx.slots[i].attempt;
+                        match self.failures.after(-res, attempt) {
+                            Next::Again => self.tx.queue.push_back(i),
                             // Lost on the way out, as on a cable: the protocol resends.
-                            self.send_drops += 1;
-                        } else if is_stale_icmp_error(errno) {
-                            // The error was about an earlier datagram; this one was not sent.
-                            if slot.icmp_retries < ICMP_RETRIES {
-                                slot.icmp_retries += 1;
-                                self.tx.queue.push_back(i);
+                            Next::Drop => {}
+                            Next::Fail => {
+                                first_error.get_or_insert(io::Error::from_raw_os_error(-res));
                             }
-                        } else {
-                            first_error.get_or_insert(io::Error::from_raw_os_error(errno));
                         }
                     }
                 }
@@ -1001,7 +924,7 @@ impl DatagramIo for UringIo {
                 if let Ok(msg) = RecvMsgOut::parse(buf, &self.rx_hdr.0) {
                     // Truncated: larger than any datagram tbrdma sends, so not ours.
                     if !msg.is_payload_truncated() && !msg.is_name_data_truncated() {
-                        if let Some(from) = parse_name(msg.name_data()) {
+                        if let Some(from) = sys::parse(msg.name_data()) {
                             deliver(msg.payload_data(), from);
                             total += 1;
                         }
@@ -1064,7 +987,7 @@ impl DatagramIo for UringIo {
     }
 
     fn send_drops(&self) -> u64 {
-        self.send_drops
+        self.failures.drops()
     }
 
     fn set_peer(&mut self, peer: Option<SocketAddr>) -> io::Result<()> {
@@ -1119,22 +1042,6 @@ pub(crate) fn try_provided_buffer_ring(ring: &IoUring) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_the_kernel_writes_decode() {
-        for addr in ["127.0.0.1:4791", "[::1]:4791", "[fe80::1%3]:9"] {
-            let addr: SocketAddr = addr.parse().unwrap();
-            let (storage, len) = sockaddr(&addr);
-            // SAFETY: `storage` is a plain struct of at least `len` initialised bytes.
-            let bytes = unsafe {
-                std::slice::from_raw_parts(&storage as *const _ as *const u8, len as usize)
-            };
-            assert_eq!(parse_name(bytes), Some(addr));
-        }
-        assert_eq!(parse_name(&[]), None);
-        assert_eq!(parse_name(&[2, 0, 1]), None);
-        assert_eq!(parse_name(&[0xff; 28]), None);
-    }
 
     #[test]
     fn user_data_round_trips() {
