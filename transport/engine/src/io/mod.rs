@@ -23,6 +23,7 @@ use crate::memory::Buffer;
 
 /// Which backend moves the datagrams.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum EngineKind {
     /// io_uring (Linux 5.19+ for multishot receive and provided-buffer rings).
     Uring,
