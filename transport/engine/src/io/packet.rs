@@ -101,10 +101,14 @@ impl Drop for Ring {
 impl Ring {
     /// Status word of frame `i` (the first field of its `tpacket2_hdr`), shared with the
     /// kernel.
+    ///
+    /// # Panics
+    /// If there is no frame `i`.
     fn status(&self, i: usize) -> &AtomicU32 {
-        // SAFETY: frame `i` lies inside the mapping (i < frames) and starts on a 16-byte
-        // boundary, so its first 4 bytes are an aligned u32 for as long as `self` lives; the
-        // kernel writes it too, hence the atomic view.
+        assert!(i < self.frames, "frame {i} of {}", self.frames);
+        // SAFETY: frame `i` lies inside the mapping (i < frames, checked) and starts on a
+        // 16-byte boundary, so its first 4 bytes are an aligned u32 for as long as `self` lives;
+        // the kernel writes it too, hence the atomic view.
         unsafe { &*(self.base.add(i * self.frame_size) as *const AtomicU32) }
     }
 
@@ -121,17 +125,23 @@ impl Ring {
         })
     }
 
-    /// Bytes `offset..offset + len` of frame `i`, which must be the process's.
+    /// Bytes `offset..offset + len` of frame `i`, if the frame is the process's (`None` while
+    /// the kernel owns it, or when the range is outside the frame).
     fn bytes(&self, i: usize, offset: usize, len: usize) -> Option<&[u8]> {
+        if self.status(i).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+            return None;
+        }
         (offset.checked_add(len)? <= self.frame_size).then(|| {
             // SAFETY: the range lies inside frame `i` (checked above), which the process owns
-            // until `release(i)`: the kernel does not write it meanwhile.
+            // (its status says so, read with Acquire above) until `release(i)`, which needs
+            // `&mut self` and so waits for the borrow returned here: the kernel does not write
+            // it meanwhile.
             unsafe { std::slice::from_raw_parts(self.base.add(i * self.frame_size + offset), len) }
         })
     }
 
-    /// Hands frame `i` back to the kernel.
-    fn release(&self, i: usize) {
+    /// Hands frame `i` back to the kernel (`&mut`: no view of its bytes may outlive this).
+    fn release(&mut self, i: usize) {
         self.status(i)
             .store(libc::TP_STATUS_KERNEL, Ordering::Release);
     }

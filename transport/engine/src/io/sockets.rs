@@ -130,7 +130,11 @@ enum Landed {
 /// Receives one datagram into `zone` with recvfrom(2) and delivers it: in place when it is the
 /// expected write, otherwise copied into `spare` first (so that the zone's bytes are never
 /// lent out while the protocol may place another payload over them).
-fn recv_into_zone(
+///
+/// # Safety
+/// The zone's bytes must be the engine's for the call: nothing else reads or writes them (the
+/// application lent them, see [`Landing`]).
+unsafe fn recv_into_zone(
     fd: BorrowedFd<'_>,
     zone: &Landing,
     spare: &mut [u8],
@@ -138,9 +142,8 @@ fn recv_into_zone(
     deliver: &mut dyn FnMut(&[u8], SocketAddr),
 ) -> io::Result<Landed> {
     let cap = zone.zone.len();
-    // SAFETY: the zone is `cap` writable bytes of a region mapping that `zone` keeps alive; the
-    // application lent them to the engine (see `Landing`), so nothing else reads or writes them
-    // during the call.
+    // SAFETY: the zone is `cap` writable bytes of a region mapping that `zone` keeps alive, and
+    // nothing else reads or writes them during the call (this function's contract).
     let received = unsafe {
         sys::recv_from(
             fd,
@@ -296,13 +299,19 @@ impl DatagramIo for SocketIo {
             // A landing zone takes the first datagram of the call, alone; the rest, if any,
             // come the usual way.
             if let (0, Some(zone)) = (total, landing.as_ref()) {
-                match recv_into_zone(
-                    self.socket.as_fd(),
-                    zone,
-                    &mut rx.bufs[0],
-                    &mut rx.names[0],
-                    deliver,
-                ) {
+                // SAFETY: the zone is the engine's landing zone, lent by the application until a
+                // write lands there or its queue pair completes a receive; it promised
+                // (`QueuePair::expect_write` in tbrdma-verbs) not to touch the bytes meanwhile.
+                let landed = unsafe {
+                    recv_into_zone(
+                        self.socket.as_fd(),
+                        zone,
+                        &mut rx.bufs[0],
+                        &mut rx.names[0],
+                        deliver,
+                    )
+                };
+                match landed {
                     Ok(Landed::Nothing) => {
                         self.last_batch = 0;
                         return Ok(0);

@@ -42,7 +42,8 @@ pub(crate) fn from_storage(storage: &libc::sockaddr_storage) -> Option<SocketAdd
     match i32::from(storage.ss_family) {
         libc::AF_INET => {
             // SAFETY: the family says the storage holds a sockaddr_in, which it is large and
-            // aligned enough for; the borrow keeps it alive.
+            // aligned enough for; the borrow keeps it alive, and its bytes are initialised
+            // (the crate's storages start as `empty_storage`, zeroed whole).
             let sin = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
             Some(SocketAddr::V4(SocketAddrV4::new(
                 Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),

@@ -276,7 +276,8 @@ impl RxBuffers {
             leak: false,
         };
         for bid in 0..rx.count {
-            rx.provide(bid);
+            // SAFETY: the ring is new and not registered yet: no buffer is in it.
+            unsafe { rx.provide(bid) };
         }
         rx.publish();
         Ok(rx)
@@ -287,11 +288,15 @@ impl RxBuffers {
     }
 
     /// Registers the ring as buffer group [`RX_GROUP`] (Linux 5.19).
-    fn register(&mut self, ring: &IoUring) -> io::Result<()> {
+    ///
+    /// # Safety
+    /// `self` must outlive the registration: `ring` unregisters the group, or is dropped with
+    /// every request cancelled, before `self` is dropped (the kernel writes into the buffers and
+    /// reads the entries until then).
+    unsafe fn register(&mut self, ring: &IoUring) -> io::Result<()> {
         let addr = self.entries() as u64;
         // SAFETY: `addr` is a page-aligned mapping of `count` entries owned by `self`, which
-        // lives as long as the ring: `UringIo` drops the ring (after cancelling every request)
-        // before its buffers.
+        // outlives the registration (this function's contract).
         unsafe {
             ring.submitter()
                 .register_buf_ring_with_flags(addr, self.count, RX_GROUP, 0)
@@ -299,14 +304,23 @@ impl RxBuffers {
     }
 
     /// Puts buffer `bid` back at the tail (visible to the kernel after [`Self::publish`]).
-    fn provide(&mut self, bid: u16) {
+    ///
+    /// # Safety
+    /// Buffer `bid` must not be in the ring: never provided yet, or handed back by a receive
+    /// completion since it last was. (Otherwise the ring would hold more entries than slots,
+    /// and the kernel could fill one buffer twice while it is read.)
+    unsafe fn provide(&mut self, bid: u16) {
         let mask = self.count - 1;
+        // (A bid from the kernel is one of ours; the mask keeps the address in the mapping
+        // whatever it is.)
+        let bid = bid & mask;
         let addr = self.bufs.as_mut_ptr() as u64 + u64::from(bid) * self.size as u64;
         let slot = usize::from(self.tail & mask);
         let entry = self.entries();
         // SAFETY: `slot < count`, so the entry is inside the mapping. The kernel reads an entry
         // only between head and the published tail, and this slot lies past the published
-        // tail. Only addr/len/bid are written: `resv` of entry 0 is the tail.
+        // tail: at most `count` buffers are in the ring (this function's contract), so the tail
+        // never laps the head. Only addr/len/bid are written: `resv` of entry 0 is the tail.
         unsafe {
             let e = entry.add(slot);
             std::ptr::addr_of_mut!((*e).addr).write(addr);
@@ -325,12 +339,17 @@ impl RxBuffers {
         tail.store(self.tail, Ordering::Release);
     }
 
-    /// The first `len` bytes of buffer `bid`, which the kernel has handed back to us.
-    fn filled(&self, bid: u16, len: usize) -> &[u8] {
+    /// The first `len` bytes of buffer `bid`.
+    ///
+    /// # Safety
+    /// A receive completion must have handed buffer `bid` back, and it must not have been
+    /// provided again since (the kernel may be filling a buffer that is in the ring).
+    unsafe fn filled(&self, bid: u16, len: usize) -> &[u8] {
         let bid = usize::from(bid) % usize::from(self.count);
         let len = len.min(self.size);
         // SAFETY: the range lies inside the mapping; the kernel completed a receive into buffer
-        // `bid` and will not touch it again until we provide it, which needs `&mut self`.
+        // `bid` (this function's contract) and will not touch it again until it is provided,
+        // which needs `&mut self` and so waits for the borrow returned here.
         unsafe { std::slice::from_raw_parts(self.bufs.as_ptr().add(bid * self.size), len) }
     }
 }
@@ -576,7 +595,10 @@ impl UringIo {
             None
         };
 
-        rx.register(&ring).map_err(|e| {
+        // SAFETY: `rx` outlives the registration: it becomes a field of the `UringIo` below,
+        // which drops `ring` (after cancelling every request) before it; on an early return,
+        // `ring` (declared later) is dropped first.
+        unsafe { rx.register(&ring) }.map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("provided-buffer ring registration (Linux 5.19): {e}"),
@@ -665,12 +687,14 @@ impl UringIo {
     }
 
     /// Pushes one SQE, submitting first when the queue is full.
-    fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+    ///
+    /// # Safety
+    /// Everything `entry` points at (message header, iovecs, buffers, address) must stay alive
+    /// and unmoved until its completion (and a zero-copy send's notification) has been reaped,
+    /// or the request is cancelled with the cancellation confirmed.
+    unsafe fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
         loop {
-            // SAFETY: every SQE built in this file points only at memory owned by `self` (receive
-            // header, buffer ring) or at the caller's `TxBatch` buffers and region parts (whose
-            // `Arc`s the batch holds until `clear`) and `self.tx`, which `send` keeps alive and
-            // unmoved until their completions (and zero-copy notifications) have been reaped.
+            // SAFETY: the entry's memory outlives the request (this function's contract).
             let pushed = unsafe { self.ring.submission().push(entry) };
             if pushed.is_ok() {
                 return Ok(());
@@ -714,7 +738,9 @@ impl UringIo {
             opcode::RecvMsgMulti::new(Fd(self.socket.as_raw_fd()), &self.rx_hdr.0, RX_GROUP)
                 .build()
                 .user_data(user_data(TAG_RECV, generation));
-        self.push(&entry)?;
+        // SAFETY: the receive points at `rx_hdr`, boxed and owned by `self`, and at the buffer
+        // group, which `self` owns; `Drop` cancels every request before they are freed.
+        unsafe { self.push(&entry)? };
         self.rx_gen = generation;
         self.rx_armed = true;
         if self.coop_shared {
@@ -731,7 +757,8 @@ impl UringIo {
         let cancel = opcode::AsyncCancel::new(user_data(TAG_RECV, self.rx_gen))
             .build()
             .user_data(user_data(TAG_CANCEL, 0));
-        self.push(&cancel)?;
+        // SAFETY: a cancellation points at no memory.
+        unsafe { self.push(&cancel)? };
         self.arm_recv()?;
         self.rx_takeovers += 1;
         self.submit()
@@ -777,7 +804,8 @@ impl UringIo {
                             len: res as usize,
                         });
                     } else {
-                        self.rx.provide(bid);
+                        // SAFETY: this completion handed buffer `bid` back.
+                        unsafe { self.rx.provide(bid) };
                         self.rx.publish();
                     }
                 } else if res < 0 {
@@ -839,7 +867,11 @@ impl DatagramIo for UringIo {
                     _ => opcode::SendMsg::new(fd, hdr).flags(flags).build(),
                 };
                 let entry = entry.user_data(user_data(TAG_SEND, i as u64));
-                if let Err(e) = self.push(&entry) {
+                // SAFETY: the send points at `self.tx` (not resized while sends are in flight)
+                // and at the batch's buffers and region parts, which this call keeps alive and
+                // unmoved until every completion and notification is reaped (or, when the ring
+                // fails, until the cancellation is confirmed; otherwise they are leaked).
+                if let Err(e) = unsafe { self.push(&entry) } {
                     first_error.get_or_insert(e);
                     self.tx.queue.clear();
                     break;
@@ -920,7 +952,9 @@ impl DatagramIo for UringIo {
                 break;
             }
             while let Some(done) = self.rx_ready.pop_front() {
-                let buf = self.rx.filled(done.bid, done.len);
+                // SAFETY: `rx_ready` holds buffers that receive completions handed back, each
+                // once, until the loop below provides them again.
+                let buf = unsafe { self.rx.filled(done.bid, done.len) };
                 if let Ok(msg) = RecvMsgOut::parse(buf, &self.rx_hdr.0) {
                     // Truncated: larger than any datagram tbrdma sends, so not ours.
                     if !msg.is_payload_truncated() && !msg.is_name_data_truncated() {
@@ -930,7 +964,9 @@ impl DatagramIo for UringIo {
                         }
                     }
                 }
-                self.rx.provide(done.bid);
+                // SAFETY: a completion handed `done.bid` back (above), and it leaves
+                // `rx_ready` now.
+                unsafe { self.rx.provide(done.bid) };
             }
             self.rx.publish();
         }
@@ -961,12 +997,14 @@ impl DatagramIo for UringIo {
                 let cancel = opcode::AsyncCancel::new(user_data(TAG_WAKE, old as u64))
                     .build()
                     .user_data(user_data(TAG_CANCEL, 0));
-                self.push(&cancel)?;
+                // SAFETY: a cancellation points at no memory.
+                unsafe { self.push(&cancel)? };
             }
             let poll = opcode::PollAdd::new(Fd(fd), libc::POLLIN as u32)
                 .build()
                 .user_data(user_data(TAG_WAKE, fd as u64));
-            self.push(&poll)?;
+            // SAFETY: a poll names its descriptor by number and points at no memory.
+            unsafe { self.push(&poll)? };
             self.wake_armed = Some(fd);
         }
         // Spurious returns are allowed, so a day stands in for longer timeouts (which would
@@ -1035,8 +1073,14 @@ impl Drop for UringIo {
 /// Registers and unregisters a small provided-buffer ring on `ring` (for the feature probe).
 pub(crate) fn try_provided_buffer_ring(ring: &IoUring) -> io::Result<()> {
     let mut rx = RxBuffers::new(64, 1)?;
-    rx.register(ring)?;
-    ring.submitter().unregister_buf_ring(RX_GROUP)
+    // SAFETY: the group is unregistered below before `rx` is dropped; should that fail, `rx`
+    // is leaked instead.
+    unsafe { rx.register(ring)? };
+    let unregistered = ring.submitter().unregister_buf_ring(RX_GROUP);
+    if unregistered.is_err() {
+        std::mem::forget(rx);
+    }
+    unregistered
 }
 
 #[cfg(test)]
