@@ -183,7 +183,7 @@ impl Engine {
         self.shared.progress()
     }
 
-    /// The [`Config::ack_hold`] a new connection on this engine uses: in caller mode with
+    /// The [`tbrdma_proto::Config::ack_hold`] a new connection on this engine uses: in caller mode with
     /// [`EngineConfig::hold_acks`], a bound on holds that the next poll ends.
     pub fn ack_hold_for(&self, configured: Duration) -> Duration {
         if self.config.progress == Progress::Caller && self.config.hold_acks {
