@@ -303,6 +303,7 @@ fn engine_code(e: EngineKind) -> c_int {
         EngineKind::Uring => TBRDMA_ENGINE_URING,
         EngineKind::Sockets => TBRDMA_ENGINE_SOCKETS,
         EngineKind::Packet => TBRDMA_ENGINE_PACKET,
+        _ => -1, // A backend the C API has no code for yet.
     }
 }
 

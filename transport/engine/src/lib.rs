@@ -5,13 +5,17 @@
 //! core places data into ([`memory`]), the kernel feature probe ([`probe`]) and the progress
 //! loop that drives connections ([`worker`]). It makes no protocol decision of its own.
 //!
-//! `unsafe` lives only in `io/sockets.rs`, `io/uring.rs`, `io/packet.rs`, `memory.rs`, `sched.rs` and `socket.rs`, each of
+//! `unsafe` lives only in `io/sys.rs`, `io/sockets.rs`, `io/uring.rs`, `io/packet.rs`, `memory.rs` and `sched.rs`, each of
 //! which says so at the top.
 
+mod config;
 pub mod cq;
 pub mod io;
+mod keeper;
 pub mod memory;
 pub mod probe;
+mod progress;
 pub mod sched;
 pub mod socket;
+mod state;
 pub mod worker;

@@ -19,6 +19,7 @@ use thiserror::Error;
 
 /// Why memory could not be allocated or pinned.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum MemoryError {
     /// `mlock` failed because RLIMIT_MEMLOCK is too low.
     #[error(

@@ -5,71 +5,21 @@
 //! `Err` for the caller to log, never a panic: busy-polling above `net.core.busy_read` needs
 //! CAP_NET_ADMIN, and forcing buffer sizes needs CAP_NET_ADMIN too.
 //!
-//! **This file contains `unsafe`**: `setsockopt` / `getsockopt` on a borrowed descriptor with
-//! an `int` argument.
+//! The system calls themselves are in `io/sys.rs`, shared with the datagram backends.
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::io::sys;
 
 /// `SO_PREFER_BUSY_POLL` (Linux 5.11); the libc crate does not export it for every target.
 #[cfg(not(target_arch = "sparc64"))]
 const SO_PREFER_BUSY_POLL: libc::c_int = 69;
 #[cfg(target_arch = "sparc64")]
 const SO_PREFER_BUSY_POLL: libc::c_int = 0x48;
-
-fn setsockopt_int(
-    socket: &impl AsFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: libc::c_int,
-) -> io::Result<()> {
-    let fd = socket.as_fd().as_raw_fd();
-    // SAFETY: `fd` is a live descriptor borrowed for the call; the option value is an `int` on
-    // this frame and its exact size is passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            &value as *const libc::c_int as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-fn getsockopt_int(
-    socket: &impl AsFd,
-    level: libc::c_int,
-    name: libc::c_int,
-) -> io::Result<libc::c_int> {
-    let fd = socket.as_fd().as_raw_fd();
-    let mut value: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `fd` is live for the call; `value` and `len` are locals the kernel writes at most
-    // `len` bytes into.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd,
-            level,
-            name,
-            &mut value as *mut libc::c_int as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    if rc == 0 {
-        Ok(value)
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
 
 fn clamp_int(value: usize) -> libc::c_int {
     libc::c_int::try_from(value).unwrap_or(libc::c_int::MAX)
@@ -80,8 +30,8 @@ fn clamp_int(value: usize) -> libc::c_int {
 /// CAP_NET_ADMIN (EPERM otherwise); kernels built without `CONFIG_NET_RX_BUSY_POLL` answer
 /// ENOPROTOOPT.
 pub fn set_busy_poll(socket: &impl AsFd, usecs: u32) -> io::Result<()> {
-    setsockopt_int(
-        socket,
+    sys::setsockopt_int(
+        socket.as_fd(),
         libc::SOL_SOCKET,
         libc::SO_BUSY_POLL,
         clamp_int(usecs as usize),
@@ -90,15 +40,16 @@ pub fn set_busy_poll(socket: &impl AsFd, usecs: u32) -> io::Result<()> {
 
 /// The socket's `SO_BUSY_POLL` value in µs.
 pub fn busy_poll(socket: &impl AsFd) -> io::Result<u32> {
-    getsockopt_int(socket, libc::SOL_SOCKET, libc::SO_BUSY_POLL).map(|v| v.max(0) as u32)
+    sys::getsockopt_int(socket.as_fd(), libc::SOL_SOCKET, libc::SO_BUSY_POLL)
+        .map(|v| v.max(0) as u32)
 }
 
 /// Sets `SO_PREFER_BUSY_POLL` (Linux 5.11): with `napi_defer_hard_irqs` and
 /// `gro_flush_timeout` set on the device, busy-polling sockets keep interrupts masked while
 /// they poll. Enabling it needs CAP_NET_ADMIN (EPERM otherwise).
 pub fn set_prefer_busy_poll(socket: &impl AsFd, prefer: bool) -> io::Result<()> {
-    setsockopt_int(
-        socket,
+    sys::setsockopt_int(
+        socket.as_fd(),
         libc::SOL_SOCKET,
         SO_PREFER_BUSY_POLL,
         libc::c_int::from(prefer),
@@ -107,14 +58,14 @@ pub fn set_prefer_busy_poll(socket: &impl AsFd, prefer: bool) -> io::Result<()> 
 
 /// The socket's `SO_PREFER_BUSY_POLL` value.
 pub fn prefer_busy_poll(socket: &impl AsFd) -> io::Result<bool> {
-    getsockopt_int(socket, libc::SOL_SOCKET, SO_PREFER_BUSY_POLL).map(|v| v != 0)
+    sys::getsockopt_int(socket.as_fd(), libc::SOL_SOCKET, SO_PREFER_BUSY_POLL).map(|v| v != 0)
 }
 
 /// The receive and send buffer sizes the kernel granted, in bytes (Linux reports twice the
 /// requested value: half is bookkeeping overhead).
 pub fn buffer_sizes(socket: &impl AsFd) -> io::Result<(usize, usize)> {
-    let rcv = getsockopt_int(socket, libc::SOL_SOCKET, libc::SO_RCVBUF)?;
-    let snd = getsockopt_int(socket, libc::SOL_SOCKET, libc::SO_SNDBUF)?;
+    let rcv = sys::getsockopt_int(socket.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF)?;
+    let snd = sys::getsockopt_int(socket.as_fd(), libc::SOL_SOCKET, libc::SO_SNDBUF)?;
     Ok((rcv.max(0) as usize, snd.max(0) as usize))
 }
 
@@ -129,9 +80,9 @@ fn set_buffer(
     if bytes == 0 {
         return Ok(());
     }
-    match setsockopt_int(socket, libc::SOL_SOCKET, force, clamp_int(bytes)) {
+    match sys::setsockopt_int(socket.as_fd(), libc::SOL_SOCKET, force, clamp_int(bytes)) {
         Ok(()) => Ok(()),
-        Err(_) => setsockopt_int(socket, libc::SOL_SOCKET, normal, clamp_int(bytes)),
+        Err(_) => sys::setsockopt_int(socket.as_fd(), libc::SOL_SOCKET, normal, clamp_int(bytes)),
     }
 }
 
@@ -146,23 +97,7 @@ pub fn set_udp_peer(socket: &UdpSocket, peer: Option<SocketAddr>) -> io::Result<
     if let Some(peer) = peer {
         return socket.connect(peer);
     }
-    // SAFETY: an all-zero sockaddr is a valid value of that plain C struct.
-    let mut unspec: libc::sockaddr = unsafe { std::mem::zeroed() };
-    unspec.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
-    // SAFETY: `socket` is a live descriptor; `unspec` is a sockaddr on this frame whose exact
-    // size is passed. connect(2) with AF_UNSPEC dissolves a UDP association.
-    let rc = unsafe {
-        libc::connect(
-            socket.as_raw_fd(),
-            &unspec,
-            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    sys::disconnect(socket.as_fd())
 }
 
 /// Binds a UDP socket to `addr` with the given buffer sizes. Port 0 picks a free port, and the

@@ -1,705 +1,38 @@
-//! The progress engine: one UDP socket, every connection that uses it, and the loop that moves
-//! datagrams between them.
+//! The engine handle: one UDP socket per rail, every connection that uses them, and the loop
+//! that moves datagrams between them. [`Engine`] is what the verbs crate holds: it starts the
+//! engine ([`Engine::start`]), says what it runs on, and takes intentions (add a connection,
+//! post work, register or deregister a region, lend a landing zone) that the state carries out.
 //!
-//! Two progress modes (chosen per device):
-//! - [`Progress::Thread`]: a background thread owns the socket's backend and runs the loop, so
-//!   one-sided operations complete with no call from the target application. It busy-polls for
-//!   [`EngineConfig::spin`] after the last activity, then sleeps in the kernel until a datagram,
-//!   a deadline or a post from another thread wakes it.
-//! - [`Progress::Caller`]: no thread; whoever polls a completion queue (or calls
-//!   [`Engine::progress`]) runs the loop, and posting a request sends it at once. This is what
-//!   NCCL's proxy thread and 2-core machines want: one spinning thread per process.
-//!
-//! In caller mode a small *keeper* thread stands in for an application that has stopped
-//! calling: when nobody entered the engine for a while (600 µs at most) it sends the acknowledgements
-//! still held (below), so that the peer's requests complete. It blocks on a periodic timer
-//! (every [`EngineConfig::keeper_period`]) that the application's first poll arms and that the keeper disarms
-//! when it finds the application gone and nothing held; a polling application makes no system
-//! call for it. The keeper never receives, and runs in `SCHED_BATCH` so that waking up never
-//! preempts a polling thread.
+//! Where the rest lives: the bookkeeping and the loop's passes in `state.rs`, who runs the loop
+//! (a thread or the caller) and its start-up in `progress.rs`, the caller mode's keeper in
+//! `keeper.rs`, the settings in `config.rs`.
 //!
 //! Acknowledgement hold (caller mode, [`EngineConfig::hold_acks`]): the ACK of a message whose
 //! completion was just delivered is not sent in that same call; the application's next poll
 //! sends it, unless a reply it posts first carries it. A ping-pong then costs one datagram each
 //! way instead of two (see docs/performance.md).
 
-use std::collections::VecDeque;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::sys::eventfd::{EfdFlags, EventFd};
-use nix::sys::time::TimeSpec;
-use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
-// FxHash: these maps are looked up several times per datagram with small integer keys, which
-// SipHash (std's default, built against hash flooding) makes cost more. Only this process
-// inserts keys (queue pair numbers, region ids); a peer-supplied number is only looked up.
-use rustc_hash::FxHashMap as HashMap;
-use tbrdma_proto::connection::ConnectParams;
-use tbrdma_proto::{Config, Connection, Event, Queue, RegionId, Time, WorkCompletion};
+use tbrdma_proto::memory::RegisterError;
+use tbrdma_proto::{Access, ConnectionState, Event, RecvWr, Region, RegionId, SendWr, Stats, Time};
 
-use crate::cq::{Completion, CqShared};
-use crate::io::faults::{FaultPlan, FaultyIo};
-use crate::io::{DatagramIo, EngineKind, Landing, RegionPart, TxBatch, open as open_io};
-use crate::memory::Arena;
+use crate::io::EngineKind;
+use crate::memory::Buffer;
+use crate::progress::{Shared, launch};
+use crate::state::State;
 
-/// Who runs the progress loop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Progress {
-    /// A background thread (one-sided operations progress with no application call).
-    Thread,
-    /// The application, inside `poll_cq` and `post_*`.
-    Caller,
-}
+pub use crate::config::{DEFAULT_GATHER_THRESHOLD, EngineConfig, Progress};
+pub use crate::keeper::KEEPER_HOLD;
+pub use crate::state::{EngineStats, NewConnection, PdId, PostFailed, SEND_HEADROOM, WriteZone};
 
-impl std::str::FromStr for Progress {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "thread" => Ok(Progress::Thread),
-            "caller" => Ok(Progress::Caller),
-            other => Err(format!(
-                "unknown progress mode {other:?}: use \"thread\" or \"caller\""
-            )),
-        }
-    }
-}
-
-/// How an engine runs.
-#[derive(Clone, Debug)]
-pub struct EngineConfig {
-    /// Preferred backend (io_uring falls back to sockets when unavailable).
-    pub engine: EngineKind,
-    /// Who drives progress.
-    pub progress: Progress,
-    /// Thread mode: how long to busy-poll after the last activity before sleeping. Short by
-    /// default so that two processes on a 2-core machine, each with an application thread and
-    /// an engine thread, do not starve each other.
-    pub spin: Duration,
-    /// Longest single sleep (deadlines of connections wake it earlier).
-    pub max_sleep: Duration,
-    /// Thread mode: pin the engine thread to this CPU.
-    pub cpu: Option<usize>,
-    /// Largest datagram on the link (MTU minus IP and UDP headers).
-    pub max_datagram: usize,
-    /// Socket receive and send buffer size to ask for.
-    pub socket_buffer: usize,
-    /// Caller mode: hold the acknowledgement of a just-completed message until the
-    /// application's next poll, so that a reply posted in between carries it. The keeper
-    /// thread bounds the hold when the application stops calling.
-    pub hold_acks: bool,
-    /// Caller mode: period of the keeper's alarm (see the module docs); held acknowledgements
-    /// go out at most this plus 100 µs after the application's last poll. Keep it under half
-    /// the peers' smallest retransmission timeout ([`Config::initial_rto`]), or an application
-    /// that pauses makes its peers retransmit for nothing.
-    pub keeper_period: Duration,
-    /// Data packets whose payload is at least this many bytes are sent as gathered datagrams:
-    /// the header from the engine's buffer and the payload straight from the registered region
-    /// (two iovecs), saving a user-space copy of every payload byte; smaller payloads are
-    /// copied behind the header. `None` copies everything. See [`DEFAULT_GATHER_THRESHOLD`].
-    pub gather_threshold: Option<usize>,
-    /// Faults to inflict on received datagrams (a faulty cable in user space, for tests and
-    /// soak runs: see [`crate::io::faults`]). `None` reads the `TBRDMA_FAULTS` environment
-    /// variable, and a healthy link when it is unset.
-    pub faults: Option<FaultPlan>,
-}
-
-/// Default of [`EngineConfig::gather_threshold`]: payloads from 1 KiB up are sent from the
-/// region in place.
-///
-/// Why 1 KiB: a gathered datagram saves copying its payload once in user space but costs a
-/// second iovec for the kernel to walk and an `Arc` clone and drop for the region; the CRC is
-/// computed either way. Measured per datagram (header, CRC and send of 32-datagram batches over
-/// loopback, both backends, 2 busy cores, best of 3, with a throwaway harness): below 1 KiB
-/// gathering was as fast as copying or up to 2% slower (256-768 B: 0.997-1.023×); from 1 KiB it
-/// was as fast or faster (1-4 KiB: 0.94-0.99×, 16 KiB: 0.86×, 65000 B: 0.69-0.78×). So small
-/// messages, whose latency matters most, keep the single-buffer path (and its plain `send(2)`
-/// fast path) and everything from a page-ish payload up skips the copy.
-pub const DEFAULT_GATHER_THRESHOLD: Option<usize> = Some(1024);
-
-/// Bytes in front of a send payload that a queue pair with [`Slot::send_headroom`] lets the
-/// engine write: the largest datagram header, which then goes out from the region together with
-/// its payload, as one contiguous buffer. On veth a single iovec sends a 16 KiB datagram about
-/// 0.2 µs faster than the header and the payload as two (docs/performance.md).
-pub const SEND_HEADROOM: usize = tbrdma_proto::wire::MAX_HEADER_LEN;
-
-/// Caller mode: default of [`EngineConfig::keeper_period`]. Held acknowledgements go out at
-/// most `KEEPER_HOLD + KEEPER_AWAY` (600 µs) after the application's last poll, well inside
-/// the peer's smallest retransmission timeout with the default [`Config::initial_rto`] of 1 ms.
-pub const KEEPER_HOLD: Duration = Duration::from_micros(500);
-/// Caller mode: the keeper counts the application as gone when it has not polled for this long.
-const KEEPER_AWAY: Duration = Duration::from_micros(100);
-// Caller mode, how the keeper's alarm is kept: a periodic timerfd, armed by the application's
-// first poll after the keeper parked and disarmed when the keeper finds the application gone
-// and nothing held (both under the state lock). A polling application makes no system call for
-// the keeper: setting a timer costs 6.4 µs on this VM (a timer-programming exit), and polls
-// that pushed a one-shot alarm out every 250 µs made about one 16 KiB all-reduce in twenty
-// ~11 µs slower (mean 9.85 µs for a median of 8.87; docs/performance.md); a keeper re-arming
-// its own one-shot alarm on each wake-up cost about half that. The keeper wakes once per
-// period while the application polls, usually while a waiting rank yields its core; each
-// wake-up is a timer interrupt and two context switches on a busy core, so connections that
-// can wait longer for held acknowledgements (the collectives) lengthen the period.
-/// Upper bound written into each connection's [`Config::ack_hold`] in caller mode; in practice
+/// Upper bound written into each connection's [`tbrdma_proto::Config::ack_hold`] in caller mode; in practice
 /// the next poll or the keeper releases the hold much sooner.
 const CALLER_ACK_HOLD: Duration = Duration::from_millis(1);
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            engine: EngineKind::Uring,
-            progress: Progress::Thread,
-            spin: Duration::from_micros(200),
-            max_sleep: Duration::from_millis(50),
-            cpu: None,
-            max_datagram: Config::default().max_datagram,
-            socket_buffer: 16 << 20,
-            hold_acks: true,
-            gather_threshold: DEFAULT_GATHER_THRESHOLD,
-            keeper_period: KEEPER_HOLD,
-            faults: None,
-        }
-    }
-}
-
-/// Engine-wide counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EngineStats {
-    /// Datagrams for no known queue pair, or from an address other than its peer.
-    pub foreign_datagrams: u64,
-    /// Loop iterations that moved something.
-    pub busy_iterations: u64,
-    /// Times the engine thread went to sleep.
-    pub sleeps: u64,
-    /// Payloads received straight into their place (a landing zone, see [`Landing`]).
-    pub landed_in_place: u64,
-}
-
-/// One connection and where its completions go.
-#[derive(Debug)]
-pub struct Slot {
-    /// The protocol state machine.
-    pub conn: Connection,
-    /// The peer's data socket on each rail: datagrams from anywhere else are dropped.
-    pub peers: Vec<SocketAddr>,
-    /// Protection domain (index of its arena).
-    pub pd: usize,
-    /// Where send-queue completions go.
-    pub send_cq: Arc<CqShared>,
-    /// Where receive-queue completions go.
-    pub recv_cq: Arc<CqShared>,
-    /// Connection events not yet read.
-    pub events: Vec<Event>,
-    /// Region named by each outstanding send, in post order (for deregistration).
-    pub sq_regions: VecDeque<Option<RegionId>>,
-    /// Region named by each posted receive, in post order.
-    pub rq_regions: VecDeque<Option<RegionId>>,
-    /// The application dropped its queue pair: remove the slot once it has nothing to send.
-    pub detached: bool,
-    /// Receive-queue completions delivered so far (a landing zone is valid only for an
-    /// application that has seen them all, see [`State::set_landing`]).
-    pub recv_completions: u64,
-    /// The application promised that the [`SEND_HEADROOM`] bytes in front of every send
-    /// payload of this queue pair are its to write while the request is outstanding: gathered
-    /// datagrams then have their header written there and leave as one buffer.
-    pub send_headroom: bool,
-}
-
-/// Everything the loop and the application share, behind one lock.
-#[derive(Debug)]
-pub struct State {
-    /// One arena per protection domain.
-    pub arenas: Vec<Arena>,
-    /// Outstanding requests naming each region, per protection domain.
-    pub region_users: HashMap<(usize, RegionId), usize>,
-    /// Connections by local queue pair number.
-    pub conns: HashMap<u32, Slot>,
-    /// Counters.
-    pub stats: EngineStats,
-    next_qpn: u32,
-    /// Datagrams waiting to leave, one batch per rail.
-    tx: Vec<TxBatch>,
-    next_deadline: Option<Time>,
-    /// Some connection holds an acknowledgement for a reply to carry.
-    acks_held: bool,
-    /// Something may have changed since the last transmit pass (a post, a new connection, a
-    /// released hold): the next loop must run one even if nothing arrived.
-    dirty: bool,
-    /// Whom each rail's socket should be connected to, and whom it is.
-    bindings: Vec<RailBinding>,
-    /// Payloads of at least this many bytes are sent from their region in place
-    /// ([`EngineConfig::gather_threshold`]; `usize::MAX`: never).
-    gather_from: usize,
-    /// Where the next datagram may be received (one zone per engine: the collectives open a
-    /// device per neighbour), and the protection domain of its region.
-    landing: Option<Landing>,
-    landing_pd: usize,
-}
-
-/// A rail socket's association. A socket whose connections all talk to one peer is connected
-/// to it: the kernel then skips a route lookup for every datagram sent and finds the socket by
-/// early demultiplexing on receipt (measured on veth: about 1 µs off an 8 B round trip), and
-/// drops datagrams from anyone else before they reach the engine. Once a second peer appears,
-/// the socket is disconnected for good.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Binding {
-    /// No connection yet.
-    Open,
-    /// Every connection on the rail talks to this address.
-    Peer(SocketAddr),
-    /// Connections on the rail talk to several addresses.
-    Shared,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct RailBinding {
-    wanted: Binding,
-    applied: Option<SocketAddr>,
-}
-
-impl RailBinding {
-    fn target(&self) -> Option<SocketAddr> {
-        match self.wanted {
-            Binding::Peer(p) => Some(p),
-            Binding::Open | Binding::Shared => None,
-        }
-    }
-}
-
-impl State {
-    /// A fresh queue pair number.
-    pub fn reserve_qpn(&mut self) -> u32 {
-        loop {
-            self.next_qpn = self.next_qpn.wrapping_add(1).max(1);
-            if !self.conns.contains_key(&self.next_qpn) {
-                return self.next_qpn;
-            }
-        }
-    }
-
-    /// Adds a connection; its rails' sockets are connected to its peer when it is their only
-    /// one (see [`Binding`]), before its first datagram leaves.
-    pub fn add_slot(&mut self, qp_num: u32, slot: Slot) {
-        for (binding, peer) in self.bindings.iter_mut().zip(&slot.peers) {
-            binding.wanted = match binding.wanted {
-                Binding::Open => Binding::Peer(*peer),
-                Binding::Peer(p) if p == *peer => Binding::Peer(p),
-                Binding::Peer(_) | Binding::Shared => Binding::Shared,
-            };
-        }
-        self.conns.insert(qp_num, slot);
-        self.dirty = true;
-    }
-
-    /// Connects or disconnects rail sockets whose wanted association changed.
-    fn apply_bindings(&mut self, rails: &mut [Box<dyn DatagramIo>]) {
-        for (rail, binding) in self.bindings.iter_mut().enumerate() {
-            let target = binding.target();
-            if target == binding.applied {
-                continue;
-            }
-            match rails[rail].set_peer(target) {
-                Ok(()) => binding.applied = target,
-                Err(e) => {
-                    tracing::warn!("cannot associate rail {rail}'s socket with {target:?}: {e}");
-                    binding.wanted = Binding::Shared;
-                    if rails[rail].set_peer(None).is_ok() {
-                        binding.applied = None;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Ends every acknowledgement hold: the next transmit pass sends them.
-    pub fn release_held_acks(&mut self) {
-        if std::mem::take(&mut self.acks_held) {
-            self.dirty = true;
-            for slot in self.conns.values_mut() {
-                slot.conn.release_held_ack();
-            }
-        }
-    }
-
-    /// Lends the engine a landing zone (see [`Landing`]) for queue pair `landing.qpn`, whose
-    /// application has seen `seen` of its receive completions, in protection domain `pd`.
-    /// Refused (returns false) when that count is behind the engine's (writes the application
-    /// has not seen yet may lie in the zone), or while a message to be placed in the zone is
-    /// partly received: its first packets may already lie there, and any datagram received
-    /// into the zone would overwrite them (such as its missing last packet, resent). With
-    /// `None`, takes back any zone lent.
-    pub fn set_landing(&mut self, pd: usize, landing: Option<Landing>, seen: u64) -> bool {
-        self.clear_landing();
-        let Some(landing) = landing else {
-            return true;
-        };
-        if self
-            .conns
-            .get(&landing.qpn)
-            .is_none_or(|slot| slot.recv_completions != seen || slot.detached)
-        {
-            return false;
-        }
-        let zone = landing.zone.offset()..landing.zone.offset() + landing.zone.len();
-        // (Any queue pair of the domain: a peer may write into the same region on another.)
-        let zone_bytes = zone.start as u64..zone.end as u64;
-        let overwrites_a_message = self.conns.values().any(|slot| {
-            slot.pd == pd
-                && slot.conn.receiving_into().is_some_and(|(region, bytes)| {
-                    region == landing.region
-                        && bytes.start < zone_bytes.end
-                        && zone_bytes.start < bytes.end
-                })
-        });
-        if overwrites_a_message {
-            return false;
-        }
-        self.arenas[pd].watch(Some((landing.region, zone)));
-        self.landing = Some(landing);
-        self.landing_pd = pd;
-        true
-    }
-
-    /// Takes back the landing zone lent for queue pair `qpn`, if that is whose it is.
-    pub fn forget_landing_of(&mut self, qpn: u32) {
-        if self.landing.as_ref().is_some_and(|l| l.qpn == qpn) {
-            self.clear_landing();
-        }
-    }
-
-    fn clear_landing(&mut self) {
-        end_loan(&mut self.landing, &mut self.arenas[..], self.landing_pd);
-    }
-
-    /// Counts one more outstanding request naming `region`.
-    pub fn use_region(&mut self, pd: usize, region: Option<RegionId>) {
-        use_region(&mut self.region_users, pd, region);
-    }
-
-    /// Receives, handles deadlines, transmits and routes completions once. Returns whether
-    /// anything happened.
-    pub fn run_once(&mut self, rails: &mut [Box<dyn DatagramIo>], now: Time) -> io::Result<bool> {
-        let State {
-            conns,
-            arenas,
-            stats,
-            landing,
-            landing_pd,
-            ..
-        } = self;
-        let mut received = 0;
-        for (rail, io) in rails.iter_mut().enumerate() {
-            let lent = landing.is_some();
-            received += io.recv(landing, &mut |data: &[u8], from| {
-                let qpn = data
-                    .get(16..20)
-                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                match qpn.and_then(|q| conns.get_mut(&q)) {
-                    Some(slot) if slot.peers.get(rail) == Some(&from) => {
-                        slot.conn
-                            .handle_datagram_on(now, data, rail, &mut arenas[slot.pd]);
-                    }
-                    _ => stats.foreign_datagrams += 1,
-                }
-            })?;
-            // A write placed into the zone (received there, or copied in) ends the loan, and
-            // so does a datagram too long for it (the backend dropped the zone).
-            if lent && (landing.is_none() || arenas[*landing_pd].watch_hit()) {
-                stats.landed_in_place += arenas[*landing_pd].take_in_place();
-                // (The backend may have taken the zone already, when too long a datagram came.)
-                *landing = None;
-                arenas[*landing_pd].watch(None);
-            }
-        }
-        let deadline_due = self.next_deadline.is_some_and(|d| d <= now);
-        if deadline_due {
-            for slot in self.conns.values_mut() {
-                if slot.conn.poll_timeout().is_some_and(|d| d <= now) {
-                    slot.conn.handle_timeout(now);
-                }
-            }
-        }
-        // An empty poll with no deadline and no post since the last pass has nothing to send.
-        let sent = if received > 0 || deadline_due || self.dirty {
-            self.flush(rails, now)?
-        } else {
-            false
-        };
-        let busy = received > 0 || sent;
-        if busy {
-            self.stats.busy_iterations += 1;
-        }
-        Ok(busy)
-    }
-
-    /// Transmits whatever the connections have to send and routes their completions and
-    /// events. Returns whether a datagram went out.
-    pub fn flush(&mut self, rails: &mut [Box<dyn DatagramIo>], now: Time) -> io::Result<bool> {
-        self.dirty = false;
-        self.apply_bindings(rails);
-        let mut sent = false;
-        let mut deadline: Option<Time> = None;
-        let mut acks_held = false;
-        let State {
-            conns,
-            arenas,
-            region_users,
-            tx,
-            gather_from,
-            landing,
-            landing_pd,
-            ..
-        } = self;
-        let gather_from = *gather_from;
-        for slot in conns.values_mut() {
-            let arena = &arenas[slot.pd];
-            loop {
-                // Every batch needs a free buffer: the datagram's rail is known only after.
-                for (rail, batch) in tx.iter_mut().enumerate() {
-                    if batch.is_full() {
-                        rails[rail].send(batch)?;
-                        sent = true;
-                    }
-                }
-                let (first, others) = tx.split_first_mut().expect("at least one rail");
-                let buf = first.next_buf().expect("a free buffer after sending");
-                let Some(t) = slot.conn.poll_transmit_gather(now, buf, arena, gather_from) else {
-                    break;
-                };
-                // A gathered datagram's payload is sent from its region, which the batch holds
-                // on to until the datagram has left.
-                let mut head_len = t.len;
-                let part = match t.payload {
-                    None => None,
-                    Some(p) => match arena.buffer(p.region) {
-                        Some(buffer)
-                            if slot.send_headroom
-                                && p.starts_request
-                                && t.len <= p.offset as usize =>
-                        {
-                            // The header goes in front of the payload, in the headroom the
-                            // application lent: one contiguous datagram in the region.
-                            let start = p.offset as usize - t.len;
-                            buffer.write(start, &buf[..t.len]);
-                            head_len = 0;
-                            Some(RegionPart::new(Arc::clone(buffer), start, t.len + p.len))
-                        }
-                        Some(buffer) => Some(RegionPart::new(
-                            Arc::clone(buffer),
-                            p.offset as usize,
-                            p.len,
-                        )),
-                        None => {
-                            // The region is gone (it cannot be while a request names it):
-                            // drop the datagram rather than send a short one; the protocol
-                            // resends or fails the request.
-                            tracing::debug!("payload region {:?} is gone", p.region);
-                            continue;
-                        }
-                    },
-                };
-                let path = t.path.min(slot.peers.len() - 1);
-                first.commit_parts(head_len, slot.peers[path], part);
-                if path > 0 {
-                    first.move_last_to(&mut others[path - 1]);
-                }
-            }
-            while let Some(wc) = slot.conn.poll_completion() {
-                let (cq, regions) = match wc.queue {
-                    Queue::Send => (&slot.send_cq, &mut slot.sq_regions),
-                    Queue::Recv => {
-                        slot.recv_completions += 1;
-                        // The application has not seen this completion yet: its landing
-                        // zone may be where the write went.
-                        if landing
-                            .as_ref()
-                            .is_some_and(|l| l.qpn == slot.conn.params().local_qpn)
-                        {
-                            end_loan(landing, arenas, *landing_pd);
-                        }
-                        (&slot.recv_cq, &mut slot.rq_regions)
-                    }
-                };
-                release_region(region_users, slot.pd, regions.pop_front().flatten());
-                cq.push(Completion {
-                    wc,
-                    qp_num: slot.conn.params().local_qpn,
-                });
-            }
-            while let Some(event) = slot.conn.poll_event() {
-                slot.events.push(event);
-            }
-            if let Some(t) = slot.conn.poll_timeout() {
-                deadline = Some(deadline.map_or(t, |d| d.min(t)));
-            }
-            acks_held |= slot.conn.ack_held();
-        }
-        // Dropped queue pairs whose CLOSE is now in the batch leave the table.
-        conns.retain(|_, slot| !slot.detached);
-        if landing
-            .as_ref()
-            .is_some_and(|l| !conns.contains_key(&l.qpn))
-        {
-            end_loan(landing, arenas, *landing_pd);
-        }
-        for (rail, batch) in tx.iter_mut().enumerate() {
-            if !batch.is_empty() {
-                rails[rail].send(batch)?;
-                sent = true;
-            }
-        }
-        self.next_deadline = deadline;
-        self.acks_held = acks_held;
-        Ok(sent)
-    }
-
-    /// The earliest connection deadline.
-    pub fn next_deadline(&self) -> Option<Time> {
-        self.next_deadline
-    }
-}
-
-/// Takes back the landing zone lent, if any, and stops watching it (its arena is `pd`'s).
-fn end_loan(landing: &mut Option<Landing>, arenas: &mut [Arena], pd: usize) {
-    if landing.take().is_some() {
-        arenas[pd].watch(None);
-    }
-}
-
-/// One more outstanding request names `region`.
-pub fn use_region(
-    users: &mut HashMap<(usize, RegionId), usize>,
-    pd: usize,
-    region: Option<RegionId>,
-) {
-    if let Some(r) = region {
-        *users.entry((pd, r)).or_default() += 1;
-    }
-}
-
-/// One outstanding request naming `region` completed.
-fn release_region(
-    users: &mut HashMap<(usize, RegionId), usize>,
-    pd: usize,
-    region: Option<RegionId>,
-) {
-    if let Some(n) = region.and_then(|r| users.get_mut(&(pd, r))) {
-        *n = n.saturating_sub(1);
-    }
-}
-
-/// Parts shared by the application's threads and the engine thread.
-#[derive(Debug)]
-struct Shared {
-    state: Mutex<State>,
-    /// The backend, in caller mode (in thread mode the engine thread owns it).
-    io: Mutex<Option<Vec<Box<dyn DatagramIo>>>>,
-    wake: EventFd,
-    sleeping: AtomicBool,
-    stop: AtomicBool,
-    epoch: Instant,
-    /// Caller mode: when the application last entered the loop (nanoseconds of [`Shared::now`]),
-    /// so the keeper can tell whether it is still polling.
-    last_entry: AtomicU64,
-    /// Caller mode: the keeper's alarm.
-    keeper_timer: Option<TimerFd>,
-    /// Caller mode: whether the alarm is set (or the keeper is checking); false once the keeper
-    /// parked, when the next poll must arm it. Changed only under the state lock.
-    keeper_armed: AtomicBool,
-    /// Caller mode: [`EngineConfig::keeper_period`].
-    keeper_period: Duration,
-}
-
-impl Shared {
-    fn now(&self) -> Time {
-        Time(self.epoch.elapsed().as_nanos() as u64)
-    }
-
-    /// Caller mode, for the keeper: sends the acknowledgements still held. Nothing else: the
-    /// application's own polls receive (a keeper that received would run connection timers
-    /// against a socket nobody reads and hand completions to an application in mid-step).
-    /// Returns whether some may still be held: their datagram could not go out, or another
-    /// thread was using the backends (and may leave without polling).
-    fn flush_held_acks(&self) -> io::Result<bool> {
-        let mut ran = false;
-        let held = self.with_rails(|state, rails, now| {
-            ran = true;
-            if state.acks_held {
-                state.release_held_acks();
-                state.flush(rails, now)?;
-            }
-            // (Never once the engine is stopping: its drop rings the alarm under this lock,
-            // and a disarm after that would leave the keeper waiting for ever, and the drop
-            // joining it.)
-            if !state.acks_held && !self.stop.load(Ordering::SeqCst) {
-                // Nothing left to send: park. Under the lock, so that a poll after this one
-                // sees it and arms the alarm again (after the disarming).
-                if let Some(timer) = &self.keeper_timer {
-                    if let Err(e) = timer.unset() {
-                        tracing::error!("cannot stop the keeper's timer: {e}");
-                    }
-                }
-                self.keeper_armed.store(false, Ordering::Relaxed);
-            }
-            Ok(state.acks_held)
-        })?;
-        Ok(held || !ran)
-    }
-
-    /// Caller mode: sets the keeper's alarm to go off `after` from now (1 ns: at once).
-    fn arm_keeper(&self, after: Duration) {
-        if let Some(timer) = &self.keeper_timer {
-            let at =
-                Expiration::OneShot(TimeSpec::from_duration(after.max(Duration::from_nanos(1))));
-            if let Err(e) = timer.set(at, TimerSetTimeFlags::empty()) {
-                tracing::error!("cannot set the keeper's timer: {e}");
-            }
-        }
-    }
-
-    /// Caller mode: runs the loop once, first ending the acknowledgement holds (this is the
-    /// "next call" they were waiting for).
-    fn progress_caller(&self) -> io::Result<bool> {
-        self.with_rails(|state, rails, now| {
-            // The keeper reads this to tell whether the application is still polling. (When
-            // another thread holds the rails, that thread's call records the time instead.)
-            self.last_entry.store(now.0, Ordering::Relaxed);
-            // A parked keeper needs its alarm set; an armed one re-arms itself.
-            if !self.keeper_armed.load(Ordering::Relaxed) {
-                self.keeper_armed.store(true, Ordering::Relaxed);
-                if let Some(timer) = &self.keeper_timer {
-                    let every = TimeSpec::from_duration(self.keeper_period);
-                    if let Err(e) =
-                        timer.set(Expiration::Interval(every), TimerSetTimeFlags::empty())
-                    {
-                        tracing::error!("cannot set the keeper's timer: {e}");
-                    }
-                }
-            }
-            state.release_held_acks();
-            state.run_once(rails, now)
-        })
-    }
-
-    /// Caller mode: runs `f` on the state and the backends unless another thread is using the
-    /// backends right now (it is doing the same work: skip, returning false).
-    fn with_rails(
-        &self,
-        f: impl FnOnce(&mut State, &mut [Box<dyn DatagramIo>], Time) -> io::Result<bool>,
-    ) -> io::Result<bool> {
-        let Ok(mut io) = self.io.try_lock() else {
-            return Ok(false);
-        };
-        let Some(rails) = io.as_mut() else {
-            return Ok(false);
-        };
-        let mut state = self.state.lock().expect("engine state lock");
-        f(&mut state, rails, self.now())
-    }
-}
 
 /// A running engine on one UDP socket.
 #[derive(Debug)]
@@ -714,36 +47,6 @@ pub struct Engine {
     features: crate::probe::KernelFeatures,
     /// Smallest receive buffer the kernel granted on any rail, in bytes.
     rcvbuf: usize,
-}
-
-/// Opens a backend on each rail's socket; returns them, the kind of the first and any
-/// fallback reason.
-type OpenedRails = (Vec<Box<dyn DatagramIo>>, EngineKind, Option<String>);
-
-fn open_rails(
-    config: &EngineConfig,
-    sockets: Vec<UdpSocket>,
-    single_issuer: bool,
-) -> io::Result<OpenedRails> {
-    let faults = match &config.faults {
-        Some(plan) => Some(plan.clone()),
-        None => {
-            FaultPlan::from_env().map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?
-        }
-    };
-    let mut rails = Vec::with_capacity(sockets.len());
-    let mut fallback = None;
-    for (rail, socket) in sockets.into_iter().enumerate() {
-        let (mut io, why) = open_io(config.engine, socket, config.max_datagram, single_issuer)?;
-        fallback = fallback.or(why);
-        if let Some(plan) = faults.as_ref().filter(|p| p.applies_to(rail)) {
-            tracing::warn!("rail {rail}: injecting faults into received datagrams: {plan:?}");
-            io = Box::new(FaultyIo::new(io, plan.clone(), rail));
-        }
-        rails.push(io);
-    }
-    let kind = rails[0].kind();
-    Ok((rails, kind, fallback))
 }
 
 fn os_seed() -> [u8; 32] {
@@ -788,82 +91,14 @@ impl Engine {
         // can see why a path was or was not taken.
         let features = crate::probe::probe();
         tracing::debug!("kernel features:\n{features}");
-        let state = State {
-            arenas: Vec::new(),
-            region_users: HashMap::default(),
-            conns: HashMap::default(),
-            stats: EngineStats::default(),
-            next_qpn: (random_u64() as u32) & 0x00ff_ffff,
-            tx: binds
-                .iter()
-                .map(|_| TxBatch::new(32, config.max_datagram))
-                .collect(),
-            next_deadline: None,
-            acks_held: false,
-            dirty: false,
-            bindings: vec![
-                RailBinding {
-                    wanted: Binding::Open,
-                    applied: None,
-                };
-                binds.len()
-            ],
-            gather_from: config.gather_threshold.unwrap_or(usize::MAX),
-            landing: None,
-            landing_pd: 0,
-        };
-        let shared = Arc::new(Shared {
-            state: Mutex::new(state),
-            io: Mutex::new(None),
-            wake: EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?,
-            sleeping: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-            epoch: Instant::now(),
-            last_entry: AtomicU64::new(0),
-            keeper_timer: match config.progress {
-                Progress::Caller => Some(TimerFd::new(
-                    ClockId::CLOCK_MONOTONIC,
-                    TimerFlags::TFD_CLOEXEC,
-                )?),
-                Progress::Thread => None,
-            },
-            keeper_armed: AtomicBool::new(false),
-            keeper_period: config.keeper_period.max(Duration::from_micros(1)),
-        });
-        let (kind, fallback, worker) = match config.progress {
-            Progress::Caller => {
-                let (rails, kind, fallback) = open_rails(&config, sockets, false)?;
-                *shared.io.lock().expect("io lock") = Some(rails);
-                let keeper_shared = Arc::clone(&shared);
-                let keeper = std::thread::Builder::new()
-                    .name("tbrdma-keeper".into())
-                    .spawn(move || keeper_thread(keeper_shared))?;
-                (kind, fallback, Some(keeper))
-            }
-            Progress::Thread => {
-                let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-                let thread_shared = Arc::clone(&shared);
-                let thread_config = config.clone();
-                let worker = std::thread::Builder::new()
-                    .name("tbrdma-engine".into())
-                    .spawn(move || {
-                        // The backend is created on this thread, which will be its only user.
-                        match open_rails(&thread_config, sockets, true) {
-                            Ok((rails, kind, fallback)) => {
-                                let _ = ready_tx.send(Ok((kind, fallback)));
-                                engine_thread(thread_shared, rails, thread_config);
-                            }
-                            Err(e) => {
-                                let _ = ready_tx.send(Err(e));
-                            }
-                        }
-                    })?;
-                let (kind, fallback) = ready_rx
-                    .recv()
-                    .map_err(|_| io::Error::other("engine thread died at start"))??;
-                (kind, fallback, Some(worker))
-            }
-        };
+        let state = State::new(
+            binds.len(),
+            config.max_datagram,
+            config.gather_threshold.unwrap_or(usize::MAX),
+            (random_u64() as u32) & 0x00ff_ffff,
+        );
+        let shared = Arc::new(Shared::new(state, &config)?);
+        let (kind, fallback, worker) = launch(&shared, &config, sockets)?;
         tracing::info!(
             "engine on {local_addr}: {} backend, {:?} progress{}",
             kind.name(),
@@ -875,7 +110,7 @@ impl Engine {
         );
         Ok(Engine {
             shared,
-            worker,
+            worker: Some(worker),
             config,
             kind,
             fallback,
@@ -925,7 +160,7 @@ impl Engine {
 
     /// Engine-wide counters.
     pub fn stats(&self) -> EngineStats {
-        self.lock().stats
+        self.lock().stats()
     }
 
     /// The configuration.
@@ -938,66 +173,17 @@ impl Engine {
         self.shared.now()
     }
 
-    /// Locks the shared state (registrations, connection setup, statistics).
-    pub fn lock(&self) -> MutexGuard<'_, State> {
-        let mut state = self.shared.state.lock().expect("engine state lock");
-        // Whoever locks may change what there is to send.
-        state.dirty = true;
-        state
-    }
-
-    /// Runs `f` on the state, then makes sure whatever it queued gets sent: at once in caller
-    /// mode, by waking the engine thread in thread mode. This is the doorbell.
-    pub fn post<R>(&self, f: impl FnOnce(&mut State, Time) -> R) -> io::Result<R> {
-        match self.config.progress {
-            Progress::Caller => {
-                let mut io = self.shared.io.lock().expect("io lock");
-                let mut state = self.lock();
-                let now = self.now();
-                let result = f(&mut state, now);
-                if let Some(rails) = io.as_mut() {
-                    state.flush(rails, now)?;
-                }
-                Ok(result)
-            }
-            Progress::Thread => {
-                let result = {
-                    let mut state = self.lock();
-                    f(&mut state, self.now())
-                };
-                if self.shared.sleeping.load(Ordering::SeqCst) {
-                    let _ = self.shared.wake.write(1);
-                }
-                Ok(result)
-            }
-        }
-    }
-
-    /// [`Engine::post`], or with `quiet` in caller mode, for work that puts nothing on the wire
-    /// by itself (posted receives), no transmit pass now: the next poll's pass routes whatever
-    /// it produced (a flushed receive on a failed connection, say).
-    pub fn post_maybe_quiet<R>(
-        &self,
-        quiet: bool,
-        f: impl FnOnce(&mut State, Time) -> R,
-    ) -> io::Result<R> {
-        if quiet && self.config.progress == Progress::Caller {
-            let mut state = self.lock();
-            return Ok(f(&mut state, self.now()));
-        }
-        self.post(f)
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.lock()
     }
 
     /// Caller mode: runs the loop once (receive, deadlines, transmit). Thread mode: nothing
     /// (the engine thread does it). Returns whether anything happened.
     pub fn progress(&self) -> io::Result<bool> {
-        if self.config.progress == Progress::Thread {
-            return Ok(false);
-        }
-        self.shared.progress_caller()
+        self.shared.progress()
     }
 
-    /// The [`Config::ack_hold`] a new connection on this engine uses: in caller mode with
+    /// The [`tbrdma_proto::Config::ack_hold`] a new connection on this engine uses: in caller mode with
     /// [`EngineConfig::hold_acks`], a bound on holds that the next poll ends.
     pub fn ack_hold_for(&self, configured: Duration) -> Duration {
         if self.config.progress == Progress::Caller && self.config.hold_acks {
@@ -1008,16 +194,117 @@ impl Engine {
     }
 }
 
+/// The engine's bookkeeping, by intention: every change to connections, regions and landing
+/// zones is one of these, and the state (`state.rs`) keeps its own invariants.
+impl Engine {
+    /// A fresh queue pair number (for the connection manager to announce before adding it).
+    pub fn reserve_qpn(&self) -> u32 {
+        self.lock().reserve_qpn()
+    }
+
+    /// A new protection domain: an arena for regions, with keys from a fresh OS seed.
+    pub fn add_protection_domain(&self) -> PdId {
+        let mut seed = [0u8; 32];
+        for chunk in seed.chunks_mut(8) {
+            chunk.copy_from_slice(&random_u64().to_le_bytes());
+        }
+        self.lock().add_protection_domain(seed)
+    }
+
+    /// Registers `buffer` with `access` in protection domain `pd`.
+    pub fn register(
+        &self,
+        pd: PdId,
+        buffer: Arc<Buffer>,
+        access: Access,
+    ) -> Result<Region, RegisterError> {
+        self.lock().register(pd, buffer, access)
+    }
+
+    /// Revokes the keys of `region` in `pd` at once and, unless an outstanding request still
+    /// names it, forgets its bytes; otherwise returns how many requests do. Call it again once
+    /// they completed (the keys stay revoked meanwhile, the bytes stay mapped).
+    pub fn deregister(&self, pd: PdId, region: RegionId) -> Result<(), usize> {
+        self.lock().deregister(pd, region)
+    }
+
+    /// Adds a connection (not yet established) and starts its handshake.
+    pub fn add_connection(&self, new: NewConnection) -> io::Result<()> {
+        self.shared
+            .post(|state, now| state.add_connection(new, now))
+    }
+
+    /// Posts send-queue work requests on queue pair `qpn` under one lock and one doorbell.
+    /// Stops at the first refused request; the ones before it were posted.
+    pub fn post_send(&self, qpn: u32, wrs: &[SendWr]) -> Result<(), PostFailed> {
+        self.shared
+            .post(|state, _now| state.post_send(qpn, wrs))
+            .map_err(PostFailed::Io)?
+    }
+
+    /// Posts receive buffers on queue pair `qpn`, in order. A posted receive puts nothing on
+    /// the wire: in caller mode no transmit pass runs for it (the next poll's does).
+    pub fn post_recv(&self, qpn: u32, wrs: &[RecvWr]) -> Result<(), PostFailed> {
+        self.shared
+            .post_maybe_quiet(true, |state, _now| state.post_recv(qpn, wrs))
+            .map_err(PostFailed::Io)?
+    }
+
+    /// Sets whether queue pair `qpn` lends the engine the [`SEND_HEADROOM`] bytes in front of
+    /// its send payloads (see `QueuePair::set_send_headroom` in tbrdma-verbs). False when the
+    /// engine has no such queue pair.
+    pub fn set_send_headroom(&self, qpn: u32, on: bool) -> bool {
+        self.lock().set_send_headroom(qpn, on)
+    }
+
+    /// Lends the engine `zone` for receiving the write queue pair `qpn` expects next (see
+    /// [`crate::io::Landing`]): the header's room in front of the payload and room for one
+    /// datagram's payload. `seen`: how many receive completions of the queue pair the
+    /// application has polled. `Some(false)`: refused (a completion the application has not
+    /// seen, or a message partly received into those bytes); `None`: no such queue pair.
+    ///
+    /// # Panics
+    /// If the zone, with its header room, does not lie in `zone.buffer`.
+    pub fn expect_write(&self, qpn: u32, zone: WriteZone, seen: u64) -> Option<bool> {
+        self.lock().expect_write(qpn, zone, seen)
+    }
+
+    /// Closes queue pair `qpn` (its CLOSE goes out; the engine forgets it once sent) and takes
+    /// back any landing zone it lent.
+    pub fn close(&self, qpn: u32) -> io::Result<()> {
+        self.shared.post(|state, now| state.close(qpn, now))
+    }
+
+    /// The state of connection `qpn` ([`ConnectionState::Closed`] once the engine forgot it).
+    pub fn connection_state(&self, qpn: u32) -> ConnectionState {
+        self.lock().connection_state(qpn)
+    }
+
+    /// Events of connection `qpn` since the last call.
+    pub fn take_events(&self, qpn: u32) -> Vec<Event> {
+        self.lock().take_events(qpn)
+    }
+
+    /// Whether connection `qpn` completed its handshake and the event is still unread.
+    pub fn was_established(&self, qpn: u32) -> bool {
+        self.lock().was_established(qpn)
+    }
+
+    /// Protocol counters of connection `qpn` (zeros once the engine forgot it).
+    pub fn connection_stats(&self, qpn: u32) -> Stats {
+        self.lock().connection_stats(qpn)
+    }
+
+    /// Datagrams connection `qpn` sent on each rail, and how many times a rail was declared
+    /// down.
+    pub fn rail_stats(&self, qpn: u32) -> (Vec<u64>, u64) {
+        self.lock().rail_stats(qpn)
+    }
+}
+
 impl Drop for Engine {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        let _ = self.shared.wake.write(1);
-        // The keeper blocks on its alarm: ring it, under the state lock, so that a keeper
-        // deciding to park (under that lock) either parks before the ring or sees the stop.
-        {
-            let _state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
-            self.shared.arm_keeper(Duration::ZERO);
-        }
+        self.shared.stop();
         if let Some(worker) = self.worker.take() {
             worker.thread().unpark();
             let _ = worker.join();
@@ -1031,135 +318,4 @@ fn bind_socket(bind: SocketAddr, buffer: usize) -> io::Result<UdpSocket> {
     let socket = crate::socket::bind_udp(bind, buffer, buffer)?;
     socket.set_nonblocking(true)?;
     Ok(socket)
-}
-
-fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, config: EngineConfig) {
-    if let Some(cpu) = config.cpu {
-        let mut set = nix::sched::CpuSet::new();
-        if set.set(cpu).is_ok() {
-            if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set) {
-                tracing::warn!("cannot pin the engine thread to CPU {cpu}: {e}");
-            }
-        }
-    }
-    let mut last_busy = Instant::now();
-    while !shared.stop.load(Ordering::Relaxed) {
-        let busy = run_locked(&shared, &mut rails);
-        if busy {
-            last_busy = Instant::now();
-            continue;
-        }
-        if last_busy.elapsed() < config.spin {
-            std::hint::spin_loop();
-            continue;
-        }
-        // Announce the sleep, then look once more: a post that raced with the announcement is
-        // either seen now or wakes the sleep through the eventfd.
-        shared.sleeping.store(true, Ordering::SeqCst);
-        if !run_locked(&shared, &mut rails) {
-            let deadline = shared
-                .state
-                .lock()
-                .expect("engine state lock")
-                .next_deadline();
-            let now = shared.now();
-            let timeout = deadline
-                .map_or(config.max_sleep, |d| d.saturating_since(now))
-                .min(config.max_sleep);
-            shared.state.lock().expect("engine state lock").stats.sleeps += 1;
-            // With several rails the sleep watches rail 0 only, so it is kept short.
-            let timeout = if rails.len() > 1 {
-                timeout.min(Duration::from_millis(1))
-            } else {
-                timeout
-            };
-            if let Err(e) = rails[0].wait(timeout, shared.wake.as_fd()) {
-                tracing::error!("engine wait failed: {e}");
-            }
-            let _ = shared.wake.read();
-        }
-        shared.sleeping.store(false, Ordering::SeqCst);
-        last_busy = Instant::now();
-    }
-}
-
-/// Caller mode: stands in for an application that stopped calling (see the module docs).
-fn keeper_thread(shared: Arc<Shared>) {
-    if let Err(e) = crate::sched::set_batch_scheduling() {
-        tracing::debug!("keeper stays in the default scheduling class: {e}");
-    }
-    let Some(timer) = &shared.keeper_timer else {
-        return;
-    };
-    // While armed the alarm rings every `keeper_period`; a check finds the application gone
-    // when it has not polled for `KEEPER_AWAY`, so held acknowledgements go out at most
-    // `keeper_period + KEEPER_AWAY` after its last poll.
-    let away_ns = KEEPER_AWAY.as_nanos() as u64;
-    loop {
-        // Parked (disarmed) this waits until a poll arms the alarm.
-        if let Err(e) = timer.wait() {
-            tracing::error!("the keeper's timer failed: {e}");
-            std::thread::sleep(shared.keeper_period);
-        }
-        if shared.stop.load(Ordering::Relaxed) {
-            return;
-        }
-        let now = shared.now().0;
-        if now.saturating_sub(shared.last_entry.load(Ordering::Relaxed)) < away_ns {
-            continue;
-        }
-        if let Err(e) = shared.flush_held_acks() {
-            tracing::error!("engine I/O failed: {e}");
-        }
-    }
-}
-
-fn run_locked(shared: &Shared, rails: &mut [Box<dyn DatagramIo>]) -> bool {
-    let now = shared.now();
-    let mut state = shared.state.lock().expect("engine state lock");
-    match state.run_once(rails, now) {
-        Ok(busy) => busy,
-        Err(e) => {
-            tracing::error!("engine I/O failed: {e}");
-            false
-        }
-    }
-}
-
-/// Creates a connection slot (the connection manager calls this once endpoints are known).
-#[allow(clippy::too_many_arguments)]
-pub fn new_slot(
-    config: Config,
-    active: bool,
-    params: ConnectParams,
-    now: Time,
-    peers: Vec<SocketAddr>,
-    pd: usize,
-    send_cq: Arc<CqShared>,
-    recv_cq: Arc<CqShared>,
-) -> Slot {
-    let mut conn = if active {
-        Connection::connect(config, params, now)
-    } else {
-        Connection::accept(config, params, now)
-    };
-    conn.set_paths(peers.len());
-    Slot {
-        conn,
-        peers,
-        pd,
-        send_cq,
-        recv_cq,
-        events: Vec::new(),
-        sq_regions: VecDeque::new(),
-        rq_regions: VecDeque::new(),
-        detached: false,
-        recv_completions: 0,
-        send_headroom: false,
-    }
-}
-
-/// Test helper: a completion for pattern matching.
-pub fn completion_of(c: &Completion) -> &WorkCompletion {
-    &c.wc
 }

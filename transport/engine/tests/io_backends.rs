@@ -61,6 +61,7 @@ fn backend(kind: EngineKind, socket: UdpSocket) -> Box<dyn DatagramIo> {
         EngineKind::Packet => {
             Box::new(PacketIo::new(socket, MAX_DATAGRAM).expect("packet backend"))
         }
+        other => panic!("no case for the {other:?} backend here"),
     }
 }
 

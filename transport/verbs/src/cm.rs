@@ -16,7 +16,7 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use tbrdma_engine::worker::{new_slot, random_u64};
+use tbrdma_engine::worker::{NewConnection, random_u64};
 use tbrdma_proto::connection::ConnectParams;
 use tbrdma_proto::{Config, ConnectionState, Event, Psn};
 
@@ -237,18 +237,14 @@ fn register(
     device
         .inner
         .engine
-        .post(|state, now| {
-            let slot = new_slot(
-                config,
-                agreed.active,
-                params,
-                now,
-                agreed.peers,
-                pd.index,
-                send_cq.shared.clone(),
-                recv_cq.shared.clone(),
-            );
-            state.add_slot(agreed.qp_num, slot);
+        .add_connection(NewConnection {
+            config,
+            active: agreed.active,
+            params,
+            peers: agreed.peers,
+            pd: pd.id,
+            send_cq: send_cq.shared.clone(),
+            recv_cq: recv_cq.shared.clone(),
         })
         .map_err(VerbsError::io("starting the connection"))?;
     Ok(QueuePair {
@@ -368,7 +364,7 @@ impl Listener {
                 detail,
             });
         }
-        let qp_num = self.device.inner.engine.lock().reserve_qpn();
+        let qp_num = self.device.inner.engine.reserve_qpn();
         let token = random_u64();
         let welcome = Frame {
             kind: 2,
@@ -484,7 +480,7 @@ pub fn connect(
     stream
         .set_read_timeout(Some(opts.timeout))
         .map_err(VerbsError::io("setting a timeout"))?;
-    let qp_num = device.inner.engine.lock().reserve_qpn();
+    let qp_num = device.inner.engine.reserve_qpn();
     let hello = Frame {
         kind: 1,
         data_addrs: device.data_addrs().to_vec(),

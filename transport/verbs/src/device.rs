@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use tbrdma_engine::cq::{Completion, CqShared};
 use tbrdma_engine::io::EngineKind;
-use tbrdma_engine::memory::Arena;
-use tbrdma_engine::worker::{Engine, EngineConfig, Progress, random_u64};
+use tbrdma_engine::worker::{Engine, EngineConfig, Progress};
 
 use crate::error::{Result, VerbsError};
 
@@ -179,15 +178,9 @@ impl Device {
 
     /// A new protection domain: its regions are reachable only through its queue pairs.
     pub fn alloc_pd(&self) -> crate::ProtectionDomain {
-        let mut seed = [0u8; 32];
-        for chunk in seed.chunks_mut(8) {
-            chunk.copy_from_slice(&random_u64().to_le_bytes());
-        }
-        let mut state = self.inner.engine.lock();
-        state.arenas.push(Arena::new(seed));
         crate::ProtectionDomain {
             device: self.clone(),
-            index: state.arenas.len() - 1,
+            id: self.inner.engine.add_protection_domain(),
         }
     }
 

@@ -8,6 +8,7 @@ use thiserror::Error;
 
 /// Why a verbs call failed.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum VerbsError {
     /// No interface has the name given.
     #[error(

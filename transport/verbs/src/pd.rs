@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tbrdma_engine::memory::Buffer;
+use tbrdma_engine::worker::PdId;
 use tbrdma_proto::{Access, Region, RemoteAddr, Sge};
 
 use crate::device::Device;
@@ -15,7 +16,7 @@ use crate::error::{Result, VerbsError};
 #[derive(Clone, Debug)]
 pub struct ProtectionDomain {
     pub(crate) device: Device,
-    pub(crate) index: usize,
+    pub(crate) id: PdId,
 }
 
 impl ProtectionDomain {
@@ -55,8 +56,11 @@ impl ProtectionDomain {
     }
 
     fn register(&self, buffer: Arc<Buffer>, access: Access) -> Result<MemoryRegion> {
-        let mut state = self.device.inner.engine.lock();
-        let region = state.arenas[self.index].register(Arc::clone(&buffer), access)?;
+        let region = self
+            .device
+            .inner
+            .engine
+            .register(self.id, Arc::clone(&buffer), access)?;
         Ok(MemoryRegion {
             pd: self.clone(),
             buffer,
@@ -96,9 +100,9 @@ impl MemoryRegion {
         self.region.id
     }
 
-    /// Index of its protection domain.
-    pub(crate) fn pd_index(&self) -> usize {
-        self.pd.index
+    /// Its protection domain.
+    pub(crate) fn pd_id(&self) -> PdId {
+        self.pd.id
     }
 
     /// Whether it is empty (never).
@@ -188,27 +192,18 @@ impl MemoryRegion {
 
     fn deregister_inner(&mut self, timeout: Duration) -> Result<()> {
         let engine = &self.pd.device.inner.engine;
-        let key = (self.pd.index, self.region.id);
         let start = Instant::now();
-        engine.lock().arenas[self.pd.index]
-            .table_mut()
-            .deregister(self.region.id)
-            .ok();
+        // The first call revokes the keys, whoever still uses the region.
         loop {
-            {
-                let mut state = engine.lock();
-                let users = state.region_users.get(&key).copied().unwrap_or(0);
-                if users == 0 {
-                    state.arenas[self.pd.index].deregister(self.region.id);
-                    state.region_users.remove(&key);
-                    return Ok(());
-                }
-                if start.elapsed() >= timeout {
+            match engine.deregister(self.pd.id, self.region.id) {
+                Ok(()) => return Ok(()),
+                Err(users) if start.elapsed() >= timeout => {
                     return Err(VerbsError::RegionInUse {
                         users,
                         waited: timeout,
                     });
                 }
+                Err(_) => {}
             }
             let _ = engine.progress();
             std::thread::sleep(Duration::from_micros(50));
@@ -221,18 +216,12 @@ impl Drop for MemoryRegion {
         if !self.deregistered {
             // Revoke the keys now; the bytes stay in the arena (kept alive by its Arc) until no
             // outstanding request names them, so an in-flight send never reads freed memory.
-            let mut state = self.pd.device.inner.engine.lock();
-            let users = state
-                .region_users
-                .get(&(self.pd.index, self.region.id))
-                .copied()
-                .unwrap_or(0);
-            let arena = &mut state.arenas[self.pd.index];
-            if users == 0 {
-                arena.deregister(self.region.id);
-            } else {
-                let _ = arena.table_mut().deregister(self.region.id);
-            }
+            let _ = self
+                .pd
+                .device
+                .inner
+                .engine
+                .deregister(self.pd.id, self.region.id);
         }
     }
 }

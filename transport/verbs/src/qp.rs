@@ -1,11 +1,7 @@
 //! Queue pairs: posting work requests (a batch under one doorbell) and their state.
 
-use tbrdma_engine::io::{Landing, RegionPart};
-use tbrdma_engine::memory::Arena;
-use tbrdma_engine::worker::{Slot, use_region};
-use tbrdma_proto::{
-    Access, ConnectionState, Event, Memory, PostError, Queue, RecvWr, RegionId, SendWr, Sge, Stats,
-};
+use tbrdma_engine::worker::{PostFailed, WriteZone};
+use tbrdma_proto::{ConnectionState, Event, RecvWr, SendWr, Stats};
 
 use crate::device::Device;
 use crate::error::{Result, VerbsError};
@@ -18,17 +14,6 @@ pub struct QueuePair {
     pub(crate) device: Device,
     pub(crate) pd: ProtectionDomain,
     pub(crate) qp_num: u32,
-}
-
-fn region_of<M: Memory>(mem: &M, lkey: u32, addr: u64, len: u64) -> Option<RegionId> {
-    (len > 0)
-        .then(|| {
-            mem.table()
-                .check_local(lkey, addr, len, Access::empty())
-                .ok()
-                .map(|p| p.region)
-        })
-        .flatten()
 }
 
 impl QueuePair {
@@ -47,63 +32,34 @@ impl QueuePair {
     /// Stops at the first refused request (queue full, malformed) and returns its error; the
     /// ones before it were posted.
     pub fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
-        self.post_each(wrs, Queue::Send, "sending", |slot, arena, wr| {
-            slot.conn.post_send(*wr, arena)?;
-            Ok(wr.local)
-        })
+        let engine = &self.device.inner.engine;
+        engine
+            .post_send(self.qp_num, wrs)
+            .map_err(|e| self.post_failed(e, "sending"))
     }
 
     /// Posts receive buffers, in order.
     pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
-        self.post_each(wrs, Queue::Recv, "posting receives", |slot, _arena, wr| {
-            slot.conn.post_recv(*wr)?;
-            Ok(wr.local)
-        })
+        let engine = &self.device.inner.engine;
+        engine
+            .post_recv(self.qp_num, wrs)
+            .map_err(|e| self.post_failed(e, "posting receives"))
     }
 
-    /// Posts every request with `post` under one engine lock, recording which region each
-    /// names (so deregistration can wait for it), then rings the doorbell.
-    fn post_each<W>(
-        &self,
-        wrs: &[W],
-        queue: Queue,
-        doing: &str,
-        post: impl Fn(&mut Slot, &Arena, &W) -> std::result::Result<Sge, PostError>,
-    ) -> Result<()> {
-        let qp_num = self.qp_num;
-        let pd = self.pd.index;
-        let engine = &self.device.inner.engine;
-        // A posted receive puts nothing on the wire: no transmit pass for it (caller mode).
-        let quiet = queue == Queue::Recv;
-        engine
-            .post_maybe_quiet(quiet, |state, _now| {
-                let Some(slot) = state.conns.get_mut(&qp_num) else {
-                    return Err(VerbsError::QpFailed {
-                        qp_num,
-                        reason: "closed".into(),
-                    });
-                };
-                let arena = &state.arenas[pd];
-                let mut result = Ok(());
-                for wr in wrs {
-                    match post(slot, arena, wr) {
-                        Ok(local) => {
-                            let region = region_of(arena, local.lkey, local.addr, local.len);
-                            match queue {
-                                Queue::Send => slot.sq_regions.push_back(region),
-                                Queue::Recv => slot.rq_regions.push_back(region),
-                            }
-                            use_region(&mut state.region_users, pd, region);
-                        }
-                        Err(e) => {
-                            result = Err(e.into());
-                            break;
-                        }
-                    }
-                }
-                result
-            })
-            .map_err(VerbsError::io(doing))?
+    fn post_failed(&self, e: PostFailed, doing: &str) -> VerbsError {
+        match e {
+            PostFailed::Closed => self.closed(),
+            PostFailed::Refused(e) => e.into(),
+            PostFailed::Io(e) => VerbsError::io(doing)(e),
+            other => VerbsError::io(doing)(std::io::Error::other(other.to_string())),
+        }
+    }
+
+    fn closed(&self) -> VerbsError {
+        VerbsError::QpFailed {
+            qp_num: self.qp_num,
+            reason: "closed".into(),
+        }
     }
 
     /// Promises (with `true`) that the [`crate::SEND_HEADROOM`] bytes in front of the local buffer
@@ -115,14 +71,11 @@ impl QueuePair {
     /// another send's data (which then fails its checksum at the peer and is retried until the
     /// request fails); it is never unsound. Off by default.
     pub fn set_send_headroom(&self, on: bool) -> Result<()> {
-        let qp_num = self.qp_num;
-        let mut state = self.device.inner.engine.lock();
-        let slot = state.conns.get_mut(&qp_num).ok_or(VerbsError::QpFailed {
-            qp_num,
-            reason: "closed".into(),
-        })?;
-        slot.send_headroom = on;
-        Ok(())
+        if self.device.inner.engine.set_send_headroom(self.qp_num, on) {
+            Ok(())
+        } else {
+            Err(self.closed())
+        }
     }
 
     /// Lends the engine the bytes of `mr` from `offset - SEND_HEADROOM` to `offset + len`
@@ -149,7 +102,7 @@ impl QueuePair {
     ) -> Result<bool> {
         let head = crate::SEND_HEADROOM;
         let bad = |detail: String| Err(VerbsError::BadLanding { detail });
-        if mr.pd_index() != self.pd.index {
+        if mr.pd_id() != self.pd.id {
             return bad("the region belongs to another protection domain".into());
         }
         if offset < head || offset.checked_add(len).is_none_or(|end| end > mr.len()) {
@@ -158,71 +111,43 @@ impl QueuePair {
                 mr.len()
             ));
         }
-        let qp_num = self.qp_num;
-        let mut state = self.device.inner.engine.lock();
-        let Some(slot) = state.conns.get(&qp_num) else {
-            return Err(VerbsError::QpFailed {
-                qp_num,
-                reason: "closed".into(),
-            });
-        };
-        // Room for one datagram's payload: a write of several lands its first one here.
-        let room = len.min(slot.conn.max_payload() as usize);
-        let landing = Landing {
-            qpn: qp_num,
-            zone: RegionPart::new(mr.buffer_arc(), offset - head, head + room),
+        let zone = WriteZone {
+            buffer: mr.buffer_arc(),
             region: mr.region_id(),
             rkey: mr.rkey(),
-            addr: mr.remote(offset).addr,
+            offset,
+            len,
         };
-        Ok(state.set_landing(self.pd.index, Some(landing), seen))
+        self.device
+            .inner
+            .engine
+            .expect_write(self.qp_num, zone, seen)
+            .ok_or_else(|| self.closed())
     }
 
     /// The connection's state.
     pub fn state(&self) -> ConnectionState {
-        let state = self.device.inner.engine.lock();
-        state
-            .conns
-            .get(&self.qp_num)
-            .map_or(ConnectionState::Closed, |s| s.conn.state())
+        self.device.inner.engine.connection_state(self.qp_num)
     }
 
     /// Connection events since the last call (established, failed and why, closed).
     pub fn take_events(&self) -> Vec<Event> {
-        let mut state = self.device.inner.engine.lock();
-        state
-            .conns
-            .get_mut(&self.qp_num)
-            .map(|s| std::mem::take(&mut s.events))
-            .unwrap_or_default()
+        self.device.inner.engine.take_events(self.qp_num)
     }
 
     /// Whether the handshake completed at some point (the connection may have ended since).
     pub fn was_established(&self) -> bool {
-        let state = self.device.inner.engine.lock();
-        state
-            .conns
-            .get(&self.qp_num)
-            .is_some_and(|s| s.events.contains(&Event::Established))
+        self.device.inner.engine.was_established(self.qp_num)
     }
 
     /// Protocol counters.
     pub fn stats(&self) -> Stats {
-        let state = self.device.inner.engine.lock();
-        state
-            .conns
-            .get(&self.qp_num)
-            .map(|s| *s.conn.stats())
-            .unwrap_or_default()
+        self.device.inner.engine.connection_stats(self.qp_num)
     }
 
     /// Datagrams sent on each rail, and how many times a rail was declared down.
     pub fn rail_stats(&self) -> (Vec<u64>, u64) {
-        let state = self.device.inner.engine.lock();
-        state.conns.get(&self.qp_num).map_or((Vec::new(), 0), |s| {
-            let (sent, failovers) = s.conn.path_stats();
-            (sent.to_vec(), failovers)
-        })
+        self.device.inner.engine.rail_stats(self.qp_num)
     }
 
     /// The device.
@@ -233,15 +158,7 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        let qp_num = self.qp_num;
-        let _ = self.device.inner.engine.post(|state, now| {
-            state.forget_landing_of(qp_num);
-            if let Some(slot) = state.conns.get_mut(&qp_num) {
-                slot.conn.close(now);
-                // The engine removes the slot once the CLOSE has gone out.
-                slot.detached = true;
-            }
-        });
+        let _ = self.device.inner.engine.close(self.qp_num);
         let _ = self.device.inner.engine.progress();
     }
 }

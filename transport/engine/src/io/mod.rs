@@ -1,13 +1,17 @@
 //! Datagram I/O backends: how bytes leave and reach one UDP socket bound to a link.
 //!
-//! Two backends implement [`DatagramIo`]: [`uring`] (io_uring: multishot receive into a
-//! provided-buffer ring, batched submission) and [`sockets`] (nonblocking `sendmmsg` /
-//! `recvmmsg`). [`open`] picks io_uring when the kernel offers it and falls back to sockets
-//! when it is missing or denied (ENOSYS, EPERM: Docker's default seccomp profile), logging why.
+//! Three backends implement [`DatagramIo`]: [`uring`] (io_uring: multishot receive into a
+//! provided-buffer ring, batched submission), [`sockets`] (nonblocking `sendmmsg` /
+//! `recvmmsg`) and [`packet`] (Ethernet frames through an `AF_PACKET` ring). [`open`] opens the
+//! one asked for and falls back to sockets when it is missing or denied (ENOSYS, EPERM:
+//! Docker's default seccomp profile; no `CAP_NET_RAW` for packet), logging why. They share the
+//! system-call plumbing in `sys` and the meaning of a failed send in `send_error`.
 
 pub mod faults;
 pub mod packet;
+pub(crate) mod send_error;
 pub mod sockets;
+pub(crate) mod sys;
 pub mod uring;
 
 use std::io;
@@ -20,6 +24,7 @@ use crate::memory::Buffer;
 
 /// Which backend moves the datagrams.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum EngineKind {
     /// io_uring (Linux 5.19+ for multishot receive and provided-buffer rings).
     Uring,
@@ -279,33 +284,6 @@ impl TxBatch {
     pub fn buffers_mut(&mut self) -> impl Iterator<Item = &mut [u8]> {
         self.bufs.iter_mut().map(|b| &mut b[..])
     }
-}
-
-/// Whether a send failed because a packet filter (nftables, iptables) dropped the datagram on
-/// its way out, which Linux reports as EPERM: the datagram is lost like one a cable dropped,
-/// and the protocol resends it (a filter that drops everything ends in retry-exceeded errors,
-/// bounded in time like a vanished peer). Logged once per backend, since the cause is outside
-/// tbrdma.
-pub(crate) fn filtered_on_the_way_out(errno: Option<i32>, warned: &mut bool) -> bool {
-    if errno != Some(libc::EPERM) {
-        return false;
-    }
-    if !std::mem::replace(warned, true) {
-        tracing::warn!(
-            "a packet filter dropped an outgoing datagram (EPERM); tbrdma resends, but check \
-             the nftables/iptables output rules for the tbrdma ports if it keeps happening"
-        );
-    }
-    true
-}
-
-/// Whether a send failed only for now (socket buffer full, interrupted): retry it a while,
-/// then count the datagram as lost.
-pub(crate) fn is_transient(err: &io::Error) -> bool {
-    matches!(
-        err.raw_os_error(),
-        Some(libc::EAGAIN) | Some(libc::ENOBUFS) | Some(libc::EINTR)
-    )
 }
 
 /// Blocks until `fd` or `wake` is readable or `timeout` passed (a signal ends it early, which

@@ -27,9 +27,9 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use super::{
-    DatagramIo, EngineKind, Landing, TxBatch, filtered_on_the_way_out, is_transient, wait_readable,
-};
+use super::send_error::{Attempt, Next, SendFailures};
+use super::sys;
+use super::{DatagramIo, EngineKind, Landing, TxBatch, wait_readable};
 
 /// The Ethernet type of tbrdma frames: 0x88B5 is reserved for local experiments (IEEE 802).
 pub const ETHERTYPE: u16 = 0x88b5;
@@ -43,9 +43,6 @@ const SHIM: usize = 12;
 pub const RING_FRAMES: usize = 32;
 /// Frames handed to the engine per receive call.
 const BATCH: usize = 32;
-/// Retries of a send the kernel refused for lack of buffer space before the datagram is
-/// dropped (the protocol retransmits it).
-const SEND_RETRIES: u32 = 1000;
 /// Sends to a peer whose MAC address is unknown (broadcast) between two neighbour-table
 /// lookups.
 const LOOKUP_EVERY: u32 = 1024;
@@ -61,8 +58,8 @@ pub struct PacketIo {
     ifname: String,
     local: SocketAddrV4,
     macs: HashMap<Ipv4Addr, Mac>,
-    send_drops: u64,
-    warned_filter: bool,
+    /// Datagrams dropped, and whether a filter's drop was reported.
+    failures: SendFailures,
 }
 
 /// A peer's link-layer address, or broadcast (with sends left before looking it up again).
@@ -104,10 +101,14 @@ impl Drop for Ring {
 impl Ring {
     /// Status word of frame `i` (the first field of its `tpacket2_hdr`), shared with the
     /// kernel.
+    ///
+    /// # Panics
+    /// If there is no frame `i`.
     fn status(&self, i: usize) -> &AtomicU32 {
-        // SAFETY: frame `i` lies inside the mapping (i < frames) and starts on a 16-byte
-        // boundary, so its first 4 bytes are an aligned u32 for as long as `self` lives; the
-        // kernel writes it too, hence the atomic view.
+        assert!(i < self.frames, "frame {i} of {}", self.frames);
+        // SAFETY: frame `i` lies inside the mapping (i < frames, checked) and starts on a
+        // 16-byte boundary, so its first 4 bytes are an aligned u32 for as long as `self` lives;
+        // the kernel writes it too, hence the atomic view.
         unsafe { &*(self.base.add(i * self.frame_size) as *const AtomicU32) }
     }
 
@@ -124,17 +125,23 @@ impl Ring {
         })
     }
 
-    /// Bytes `offset..offset + len` of frame `i`, which must be the process's.
+    /// Bytes `offset..offset + len` of frame `i`, if the frame is the process's (`None` while
+    /// the kernel owns it, or when the range is outside the frame).
     fn bytes(&self, i: usize, offset: usize, len: usize) -> Option<&[u8]> {
+        if self.status(i).load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
+            return None;
+        }
         (offset.checked_add(len)? <= self.frame_size).then(|| {
             // SAFETY: the range lies inside frame `i` (checked above), which the process owns
-            // until `release(i)`: the kernel does not write it meanwhile.
+            // (its status says so, read with Acquire above) until `release(i)`, which needs
+            // `&mut self` and so waits for the borrow returned here: the kernel does not write
+            // it meanwhile.
             unsafe { std::slice::from_raw_parts(self.base.add(i * self.frame_size + offset), len) }
         })
     }
 
-    /// Hands frame `i` back to the kernel.
-    fn release(&self, i: usize) {
+    /// Hands frame `i` back to the kernel (`&mut`: no view of its bytes may outlive this).
+    fn release(&mut self, i: usize) {
         self.status(i)
             .store(libc::TP_STATUS_KERNEL, Ordering::Release);
     }
@@ -178,24 +185,6 @@ fn neighbour_mac(ifname: &str, ip: Ipv4Addr) -> Option<[u8; 6]> {
         }
         Some(mac)
     })
-}
-
-fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
-    // SAFETY: `value` is a live `T` whose exact size is passed; the kernel only reads it.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            name,
-            value as *const T as *const libc::c_void,
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
 
 /// The classic BPF program that passes only frames whose shim names `local` as destination.
@@ -247,17 +236,24 @@ impl PacketIo {
             len: filter.len() as u16,
             filter: filter.as_ptr() as *mut libc::sock_filter,
         };
-        setsockopt(&fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog)?;
+        // SAFETY: SO_ATTACH_FILTER takes a sock_fprog, whose `filter` points at `len`
+        // instructions in `filter`, alive on this frame for the call (the kernel copies them).
+        unsafe { sys::setsockopt(fd.as_fd(), libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &prog)? };
         // TPACKET_V2: one datagram per frame, handed over at once (V3 retires whole blocks, late).
-        setsockopt(
-            &fd,
+        sys::setsockopt_int(
+            fd.as_fd(),
             libc::SOL_PACKET,
             libc::PACKET_VERSION,
-            &(libc::tpacket_versions::TPACKET_V2 as libc::c_int),
+            libc::tpacket_versions::TPACKET_V2 as libc::c_int,
         )?;
         // Our own frames are not looped back into our ring (Linux 4.20+; older kernels only
         // cost a copy, which the filter then drops).
-        let _ = setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &1i32);
+        let _ = sys::setsockopt_int(
+            fd.as_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_IGNORE_OUTGOING,
+            1,
+        );
         // (Not PACKET_QDISC_BYPASS: it would also bypass tc and nftables' egress hook, which
         // users' firewalls and the fault-injection tests rely on; veth and thunderbolt-net
         // have no queue to skip anyway.)
@@ -270,7 +266,8 @@ impl PacketIo {
             tp_frame_size: frame_size as u32,
             tp_frame_nr: RING_FRAMES as u32,
         };
-        setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_RX_RING, &req)?;
+        // SAFETY: PACKET_RX_RING takes a tpacket_req, plain numbers with no pointer inside.
+        unsafe { sys::setsockopt(fd.as_fd(), libc::SOL_PACKET, libc::PACKET_RX_RING, &req)? };
         let len = frame_size * RING_FRAMES;
         // SAFETY: maps the ring the kernel just allocated for this socket, shared, at an
         // address of the kernel's choosing; checked before use.
@@ -294,11 +291,7 @@ impl PacketIo {
             frames: RING_FRAMES,
             next: 0,
         };
-        // SAFETY: an all-zero sockaddr_ll is valid; the fields that matter are set below.
-        let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        ll.sll_family = libc::AF_PACKET as u16;
-        ll.sll_protocol = ETHERTYPE.to_be();
-        ll.sll_ifindex = ifindex;
+        let ll = sys::link_addr(ifindex, ETHERTYPE, None);
         // SAFETY: `ll` is a live sockaddr_ll of the size passed; the kernel only reads it.
         let rc = unsafe {
             libc::bind(
@@ -318,8 +311,7 @@ impl PacketIo {
             ifname,
             local,
             macs: HashMap::new(),
-            send_drops: 0,
-            warned_filter: false,
+            failures: SendFailures::default(),
         })
     }
 
@@ -364,7 +356,7 @@ impl DatagramIo for PacketIo {
             let dest = batch.get(i).1;
             let SocketAddr::V4(to) = dest else {
                 // An IPv6 peer cannot be reached from an IPv4 rail: lost, as on a wrong route.
-                self.send_drops += 1;
+                self.failures.count_drop();
                 continue;
             };
             let mac = self.mac_for(*to.ip());
@@ -378,20 +370,14 @@ impl DatagramIo for PacketIo {
                 buffer,
                 part,
             ];
-            // SAFETY: an all-zero sockaddr_ll is valid; the fields that matter are set below.
-            let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            ll.sll_family = libc::AF_PACKET as u16;
-            ll.sll_protocol = ETHERTYPE.to_be();
-            ll.sll_ifindex = self.ifindex;
-            ll.sll_halen = 6;
-            ll.sll_addr[..6].copy_from_slice(&mac);
-            // SAFETY: an all-zero msghdr is valid; the fields that matter are set below.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_name = &mut ll as *mut _ as *mut libc::c_void;
-            msg.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-            msg.msg_iov = iov.as_mut_ptr();
-            msg.msg_iovlen = if part.iov_len > 0 { 3 } else { 2 };
-            let mut retries = 0;
+            let mut ll = sys::link_addr(self.ifindex, ETHERTYPE, Some(mac));
+            let msg = sys::msghdr(
+                &mut ll as *mut _ as *mut libc::c_void,
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+                iov.as_mut_ptr(),
+                if part.iov_len > 0 { 3 } else { 2 },
+            );
+            let mut attempt = Attempt::default();
             loop {
                 // SAFETY: `msg` points at `ll`, `iov` and through it at `head`, the batch's
                 // buffer and the region part (which the batch keeps alive), all alive and
@@ -401,24 +387,19 @@ impl DatagramIo for PacketIo {
                     break;
                 }
                 let err = io::Error::last_os_error();
-                let errno = err.raw_os_error();
-                let transient = is_transient(&err);
-                if transient && retries < SEND_RETRIES {
-                    retries += 1;
-                    std::hint::spin_loop();
-                    continue;
-                }
-                if transient
-                    || matches!(errno, Some(libc::ENETDOWN) | Some(libc::ENXIO))
-                    || filtered_on_the_way_out(errno, &mut self.warned_filter)
+                match self
+                    .failures
+                    .after(err.raw_os_error().unwrap_or(0), &mut attempt)
                 {
+                    Next::Again => std::hint::spin_loop(),
                     // Buffer full for too long, interface down, or filtered: lost, resent by
                     // the protocol.
-                    self.send_drops += 1;
-                    break;
+                    Next::Drop => break,
+                    Next::Fail => {
+                        batch.clear();
+                        return Err(err);
+                    }
                 }
-                batch.clear();
-                return Err(err);
             }
         }
         batch.clear();
@@ -463,7 +444,7 @@ impl DatagramIo for PacketIo {
     }
 
     fn send_drops(&self) -> u64 {
-        self.send_drops
+        self.failures.drops()
     }
 
     fn set_peer(&mut self, peer: Option<SocketAddr>) -> io::Result<()> {

@@ -11,22 +11,19 @@
 
 use std::io;
 use std::mem::MaybeUninit;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
 use tbrdma_proto::wire::MAX_HEADER_LEN;
 
-use super::{
-    DatagramIo, EngineKind, Landing, TxBatch, filtered_on_the_way_out, is_transient, wait_readable,
-};
+use super::send_error::{Attempt, Next, SendFailures, is_stale_icmp};
+use super::sys::{self, STORAGE_LEN as NAME_LEN};
+use super::{DatagramIo, EngineKind, Landing, TxBatch, wait_readable};
 
 /// Datagrams per system call.
 const BATCH: usize = 32;
-/// Retries of a send the kernel refused for lack of buffer space before the datagram is
-/// dropped (the protocol retransmits it).
-const SEND_RETRIES: u32 = 1000;
 
 /// Nonblocking socket I/O.
 #[derive(Debug)]
@@ -41,9 +38,8 @@ pub struct SocketIo {
     sent_since_recv: bool,
     /// The address the socket is connected to, if any.
     peer: Option<SocketAddr>,
-    send_drops: u64,
-    /// A packet filter's drop was reported (see [`filtered_on_the_way_out`]).
-    warned_filter: bool,
+    /// Datagrams dropped, and whether a filter's drop was reported.
+    failures: SendFailures,
 }
 
 /// The receive side's `recvmmsg` headers, built once: each points at its own buffer and
@@ -76,9 +72,8 @@ impl RxHeaders {
         let mut bufs: Vec<Box<[u8]>> = (0..BATCH)
             .map(|_| vec![0u8; max_datagram + 1].into_boxed_slice())
             .collect();
-        // SAFETY: all-zero sockaddr_storage, iovec and mmsghdr values are valid plain C data.
-        let zeroed = || unsafe { std::mem::zeroed::<libc::sockaddr_storage>() };
-        let mut names: Box<[libc::sockaddr_storage]> = (0..BATCH).map(|_| zeroed()).collect();
+        let mut names: Box<[libc::sockaddr_storage]> =
+            (0..BATCH).map(|_| sys::empty_storage()).collect();
         let mut iovs: Box<[libc::iovec]> = bufs
             .iter_mut()
             .map(|buf| libc::iovec {
@@ -87,17 +82,14 @@ impl RxHeaders {
             })
             .collect();
         let msgs: Box<[libc::mmsghdr]> = (0..BATCH)
-            .map(|i| {
-                // SAFETY: an all-zero msghdr is valid; the fields that matter are set below.
-                let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-                hdr.msg_name = &mut names[i] as *mut _ as *mut libc::c_void;
-                hdr.msg_namelen = NAME_LEN;
-                hdr.msg_iov = &mut iovs[i];
-                hdr.msg_iovlen = 1;
-                libc::mmsghdr {
-                    msg_hdr: hdr,
-                    msg_len: 0,
-                }
+            .map(|i| libc::mmsghdr {
+                msg_hdr: sys::msghdr(
+                    &mut names[i] as *mut _ as *mut libc::c_void,
+                    NAME_LEN,
+                    &mut iovs[i],
+                    1,
+                ),
+                msg_len: 0,
             })
             .collect();
         RxHeaders {
@@ -109,8 +101,6 @@ impl RxHeaders {
     }
 }
 
-const NAME_LEN: libc::socklen_t = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-
 impl SocketIo {
     /// Wraps a bound socket (made nonblocking here).
     pub fn new(socket: UdpSocket, max_datagram: usize) -> io::Result<SocketIo> {
@@ -121,66 +111,9 @@ impl SocketIo {
             last_batch: 0,
             sent_since_recv: false,
             peer: None,
-            send_drops: 0,
-            warned_filter: false,
+            failures: SendFailures::default(),
         })
     }
-}
-
-fn to_raw(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    let sa = socket2::SockAddr::from(*addr);
-    // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = sa.len() as usize;
-    // SAFETY: `sa` holds `len` <= size_of::<sockaddr_storage>() initialised bytes at `as_ptr`,
-    // and `storage` is a distinct local with room for them.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            sa.as_ptr() as *const u8,
-            &mut storage as *mut _ as *mut u8,
-            len,
-        );
-    }
-    (storage, sa.len())
-}
-
-fn from_raw(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    match i32::from(storage.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: the kernel wrote a sockaddr_in when the family is AF_INET; storage is
-            // large and aligned enough for it.
-            let sin = unsafe { &*(storage as *const _ as *const libc::sockaddr_in) };
-            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                ip,
-                u16::from_be(sin.sin_port),
-            )))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: as above, for AF_INET6 and sockaddr_in6.
-            let sin6 = unsafe { &*(storage as *const _ as *const libc::sockaddr_in6) };
-            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                ip,
-                u16::from_be(sin6.sin6_port),
-                sin6.sin6_flowinfo,
-                sin6.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
-}
-
-/// ICMP errors from earlier datagrams surface on later calls of an unconnected UDP socket;
-/// they say nothing about this call, so they are skipped.
-fn is_stale_icmp_error(err: &io::Error) -> bool {
-    matches!(
-        err.raw_os_error(),
-        Some(libc::ECONNREFUSED)
-            | Some(libc::EHOSTUNREACH)
-            | Some(libc::ENETUNREACH)
-            | Some(libc::EHOSTDOWN)
-    )
 }
 
 /// What [`recv_into_zone`] found.
@@ -197,42 +130,39 @@ enum Landed {
 /// Receives one datagram into `zone` with recvfrom(2) and delivers it: in place when it is the
 /// expected write, otherwise copied into `spare` first (so that the zone's bytes are never
 /// lent out while the protocol may place another payload over them).
-fn recv_into_zone(
-    fd: libc::c_int,
+///
+/// # Safety
+/// The zone's bytes must be the engine's for the call: nothing else reads or writes them (the
+/// application lent them, see [`Landing`]).
+unsafe fn recv_into_zone(
+    fd: BorrowedFd<'_>,
     zone: &Landing,
     spare: &mut [u8],
     name: &mut libc::sockaddr_storage,
     deliver: &mut dyn FnMut(&[u8], SocketAddr),
 ) -> io::Result<Landed> {
     let cap = zone.zone.len();
-    let mut name_len = NAME_LEN;
-    // SAFETY: the zone is `cap` writable bytes of a region mapping that `zone` keeps alive; the
-    // application lent them to the engine (see `Landing`), so nothing else reads or writes them
-    // during the call. `name` is a live sockaddr_storage of the size passed.
-    let len = unsafe {
-        libc::recvfrom(
+    // SAFETY: the zone is `cap` writable bytes of a region mapping that `zone` keeps alive, and
+    // nothing else reads or writes them during the call (this function's contract).
+    let received = unsafe {
+        sys::recv_from(
             fd,
-            zone.zone.as_mut_ptr() as *mut libc::c_void,
+            zone.zone.as_mut_ptr(),
             cap,
             libc::MSG_DONTWAIT | libc::MSG_TRUNC,
-            name as *mut _ as *mut libc::sockaddr,
-            &mut name_len,
+            name,
         )
     };
-    if len < 0 {
-        let err = io::Error::last_os_error();
-        return if err.raw_os_error() == Some(libc::EAGAIN) {
-            Ok(Landed::Nothing)
-        } else {
-            Err(err)
-        };
-    }
+    let len = match received {
+        Ok(len) => len,
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(Landed::Nothing),
+        Err(e) => return Err(e),
+    };
     // With MSG_TRUNC the length is the datagram's, even when the zone held less of it.
-    let len = len as usize;
     if len > cap {
         return Ok(Landed::TooLong);
     }
-    let Some(from) = from_raw(name) else {
+    let Some(from) = sys::from_storage(name) else {
         return Ok(Landed::Delivered);
     };
     let expected = zone
@@ -267,28 +197,27 @@ impl DatagramIo for SocketIo {
             for i in 0..n {
                 let dest = batch.get(start + i).1;
                 let part = batch.part(start + i);
-                names[i].write(to_raw(&dest));
+                names[i].write(sys::to_storage(&dest));
                 iovs[i].write(batch.iovecs(start + i));
                 // SAFETY: both were initialised just above.
                 let (name, iov) =
                     unsafe { (names[i].assume_init_mut(), iovs[i].assume_init_mut()) };
-                // SAFETY: an all-zero msghdr is valid; the fields that matter are set below.
-                let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-                if self.peer != Some(dest) {
-                    // To the connected peer no address is given: the kernel's cached route
-                    // is used instead of a lookup per datagram.
-                    hdr.msg_name = &mut name.0 as *mut _ as *mut libc::c_void;
-                    hdr.msg_namelen = name.1;
-                }
-                hdr.msg_iov = iov.as_mut_ptr();
-                hdr.msg_iovlen = if part.is_some() { 2 } else { 1 };
+                // To the connected peer no address is given: the kernel's cached route is
+                // used instead of a lookup per datagram.
+                let to = if self.peer != Some(dest) {
+                    &mut name.0 as *mut _ as *mut libc::c_void
+                } else {
+                    std::ptr::null_mut()
+                };
+                let iov_len = if part.is_some() { 2 } else { 1 };
+                let hdr = sys::msghdr(to, name.1, iov.as_mut_ptr(), iov_len);
                 msgs[i].write(libc::mmsghdr {
                     msg_hdr: hdr,
                     msg_len: 0,
                 });
             }
             let mut done = 0;
-            let mut retries = 0;
+            let mut attempt = Attempt::default();
             while done < n {
                 let sent = if n == 1 && self.peer == Some(batch.get(start).1) {
                     let rc = if let (Some(part), true) =
@@ -324,40 +253,23 @@ impl DatagramIo for SocketIo {
                 };
                 if sent >= 0 {
                     done += sent as usize;
-                    retries = 0;
+                    attempt = Attempt::default();
                     continue;
                 }
                 let err = io::Error::last_os_error();
-                if is_stale_icmp_error(&err) && retries < 3 {
-                    // Most likely an ICMP error left by an earlier datagram: try again.
-                    retries += 1;
-                    continue;
-                }
-                if is_stale_icmp_error(&err)
-                    || err.raw_os_error() == Some(libc::ENETDOWN)
-                    || filtered_on_the_way_out(err.raw_os_error(), &mut self.warned_filter)
+                match self
+                    .failures
+                    .after(err.raw_os_error().unwrap_or(0), &mut attempt)
                 {
-                    // The route is gone (link down), or a packet filter dropped it: this
-                    // datagram is lost, and the protocol's retransmission, on another rail if
-                    // there is one, takes over.
-                    self.send_drops += 1;
-                    done += 1;
-                    retries = 0;
-                    continue;
+                    Next::Again => std::hint::spin_loop(),
+                    Next::Drop => {
+                        // Lost (the protocol's retransmission, on another rail if there is
+                        // one, takes over): go on with the next datagram.
+                        done += 1;
+                        attempt = Attempt::default();
+                    }
+                    Next::Fail => return Err(err),
                 }
-                if is_transient(&err) && retries < SEND_RETRIES {
-                    retries += 1;
-                    std::hint::spin_loop();
-                    continue;
-                }
-                if is_transient(&err) {
-                    // The socket buffer stayed full: drop this datagram, the protocol resends.
-                    self.send_drops += 1;
-                    done += 1;
-                    retries = 0;
-                    continue;
-                }
-                return Err(err);
             }
             start += n;
         }
@@ -387,7 +299,19 @@ impl DatagramIo for SocketIo {
             // A landing zone takes the first datagram of the call, alone; the rest, if any,
             // come the usual way.
             if let (0, Some(zone)) = (total, landing.as_ref()) {
-                match recv_into_zone(fd, zone, &mut rx.bufs[0], &mut rx.names[0], deliver) {
+                // SAFETY: the zone is the engine's landing zone, lent by the application until a
+                // write lands there or its queue pair completes a receive; it promised
+                // (`QueuePair::expect_write` in tbrdma-verbs) not to touch the bytes meanwhile.
+                let landed = unsafe {
+                    recv_into_zone(
+                        self.socket.as_fd(),
+                        zone,
+                        &mut rx.bufs[0],
+                        &mut rx.names[0],
+                        deliver,
+                    )
+                };
+                match landed {
                     Ok(Landed::Nothing) => {
                         self.last_batch = 0;
                         return Ok(0);
@@ -404,7 +328,10 @@ impl DatagramIo for SocketIo {
                         }
                         continue;
                     }
-                    Err(e) if e.raw_os_error() == Some(libc::EINTR) || is_stale_icmp_error(&e) => {
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EINTR)
+                            || e.raw_os_error().is_some_and(is_stale_icmp) =>
+                    {
                         continue;
                     }
                     Err(e) => return Err(e),
@@ -412,33 +339,27 @@ impl DatagramIo for SocketIo {
             }
             let got = if single {
                 let buf = &mut rx.bufs[0];
-                let mut name_len = NAME_LEN;
-                // SAFETY: `buf` and `names[0]` are live allocations owned by `rx`, their exact
-                // sizes are passed, and nothing else touches them during the call.
-                let len = unsafe {
-                    libc::recvfrom(
-                        fd,
-                        buf.as_mut_ptr() as *mut libc::c_void,
+                // SAFETY: `buf` is a live allocation owned by `rx`, its exact size is passed,
+                // and nothing else touches it during the call.
+                let received = unsafe {
+                    sys::recv_from(
+                        self.socket.as_fd(),
+                        buf.as_mut_ptr(),
                         buf.len(),
                         libc::MSG_DONTWAIT,
-                        &mut rx.names[0] as *mut _ as *mut libc::sockaddr,
-                        &mut name_len,
+                        &mut rx.names[0],
                     )
                 };
-                if len < 0 {
-                    -1
-                } else {
+                if let Ok(len) = received {
                     // Recorded as recvmmsg would have, for the delivery below. A datagram that
                     // fills the buffer (one byte more than the largest tbrdma sends) may have
                     // been cut.
                     let msg = &mut rx.msgs[0];
                     msg.msg_len = len as libc::c_uint;
-                    msg.msg_hdr.msg_flags = if len as usize >= buf.len() {
-                        libc::MSG_TRUNC
-                    } else {
-                        0
-                    };
+                    msg.msg_hdr.msg_flags = if len >= buf.len() { libc::MSG_TRUNC } else { 0 };
                     1
+                } else {
+                    -1 // (errno still holds the error: read below, as after recvmmsg)
                 }
             } else {
                 // SAFETY: every header points at its own buffer, iovec and address slot, heap
@@ -461,7 +382,9 @@ impl DatagramIo for SocketIo {
                     }
                     return Ok(total);
                 }
-                if err.raw_os_error() == Some(libc::EINTR) || is_stale_icmp_error(&err) {
+                if err.raw_os_error() == Some(libc::EINTR)
+                    || err.raw_os_error().is_some_and(is_stale_icmp)
+                {
                     continue;
                 }
                 return Err(err);
@@ -477,7 +400,7 @@ impl DatagramIo for SocketIo {
                 if truncated {
                     continue; // Larger than any datagram tbrdma sends: not ours.
                 }
-                if let Some(from) = from_raw(&rx.names[i]) {
+                if let Some(from) = sys::from_storage(&rx.names[i]) {
                     deliver(&rx.bufs[i][..len], from);
                 }
             }
@@ -495,7 +418,7 @@ impl DatagramIo for SocketIo {
     }
 
     fn send_drops(&self) -> u64 {
-        self.send_drops
+        self.failures.drops()
     }
 
     fn set_peer(&mut self, peer: Option<SocketAddr>) -> io::Result<()> {

@@ -21,7 +21,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::mem::ManuallyDrop;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
@@ -30,7 +30,9 @@ use io_uring::types::{CancelBuilder, Fd, Napi, RecvMsgOut, SubmitArgs, Timespec}
 use io_uring::{IoUring, Probe, cqueue, opcode, squeue};
 use memmap2::MmapMut;
 
-use super::{DatagramIo, EngineKind, TxBatch, filtered_on_the_way_out};
+use super::send_error::{Attempt, Next, SendFailures, is_stale_icmp};
+use super::sys;
+use super::{DatagramIo, EngineKind, TxBatch};
 
 /// Submission queue size: the most sends in flight per `io_uring_enter`.
 const SQ_ENTRIES: u32 = 256;
@@ -48,11 +50,6 @@ const RX_BUFS_MAX: usize = 4096;
 const RX_NAME_LEN: usize = 48;
 /// Size of `struct io_uring_recvmsg_out`, which precedes the name in each receive buffer.
 const RECVMSG_OUT_LEN: usize = 16;
-/// Retries of a send the kernel refused for lack of buffer space before the datagram is
-/// dropped (as the sockets backend).
-const SEND_RETRIES: u32 = 1000;
-/// Retries of a send that picked up a stale ICMP error (it was not sent; the error is gone).
-const ICMP_RETRIES: u32 = 16;
 
 /// Datagrams of at least this many bytes are sent with `SENDMSG_ZC`; `None` never does.
 ///
@@ -279,7 +276,8 @@ impl RxBuffers {
             leak: false,
         };
         for bid in 0..rx.count {
-            rx.provide(bid);
+            // SAFETY: the ring is new and not registered yet: no buffer is in it.
+            unsafe { rx.provide(bid) };
         }
         rx.publish();
         Ok(rx)
@@ -290,11 +288,15 @@ impl RxBuffers {
     }
 
     /// Registers the ring as buffer group [`RX_GROUP`] (Linux 5.19).
-    fn register(&mut self, ring: &IoUring) -> io::Result<()> {
+    ///
+    /// # Safety
+    /// `self` must outlive the registration: `ring` unregisters the group, or is dropped with
+    /// every request cancelled, before `self` is dropped (the kernel writes into the buffers and
+    /// reads the entries until then).
+    unsafe fn register(&mut self, ring: &IoUring) -> io::Result<()> {
         let addr = self.entries() as u64;
         // SAFETY: `addr` is a page-aligned mapping of `count` entries owned by `self`, which
-        // lives as long as the ring: `UringIo` drops the ring (after cancelling every request)
-        // before its buffers.
+        // outlives the registration (this function's contract).
         unsafe {
             ring.submitter()
                 .register_buf_ring_with_flags(addr, self.count, RX_GROUP, 0)
@@ -302,14 +304,23 @@ impl RxBuffers {
     }
 
     /// Puts buffer `bid` back at the tail (visible to the kernel after [`Self::publish`]).
-    fn provide(&mut self, bid: u16) {
+    ///
+    /// # Safety
+    /// Buffer `bid` must not be in the ring: never provided yet, or handed back by a receive
+    /// completion since it last was. (Otherwise the ring would hold more entries than slots,
+    /// and the kernel could fill one buffer twice while it is read.)
+    unsafe fn provide(&mut self, bid: u16) {
         let mask = self.count - 1;
+        // (A bid from the kernel is one of ours; the mask keeps the address in the mapping
+        // whatever it is.)
+        let bid = bid & mask;
         let addr = self.bufs.as_mut_ptr() as u64 + u64::from(bid) * self.size as u64;
         let slot = usize::from(self.tail & mask);
         let entry = self.entries();
         // SAFETY: `slot < count`, so the entry is inside the mapping. The kernel reads an entry
         // only between head and the published tail, and this slot lies past the published
-        // tail. Only addr/len/bid are written: `resv` of entry 0 is the tail.
+        // tail: at most `count` buffers are in the ring (this function's contract), so the tail
+        // never laps the head. Only addr/len/bid are written: `resv` of entry 0 is the tail.
         unsafe {
             let e = entry.add(slot);
             std::ptr::addr_of_mut!((*e).addr).write(addr);
@@ -328,12 +339,17 @@ impl RxBuffers {
         tail.store(self.tail, Ordering::Release);
     }
 
-    /// The first `len` bytes of buffer `bid`, which the kernel has handed back to us.
-    fn filled(&self, bid: u16, len: usize) -> &[u8] {
+    /// The first `len` bytes of buffer `bid`.
+    ///
+    /// # Safety
+    /// A receive completion must have handed buffer `bid` back, and it must not have been
+    /// provided again since (the kernel may be filling a buffer that is in the ring).
+    unsafe fn filled(&self, bid: u16, len: usize) -> &[u8] {
         let bid = usize::from(bid) % usize::from(self.count);
         let len = len.min(self.size);
         // SAFETY: the range lies inside the mapping; the kernel completed a receive into buffer
-        // `bid` and will not touch it again until we provide it, which needs `&mut self`.
+        // `bid` (this function's contract) and will not touch it again until it is provided,
+        // which needs `&mut self` and so waits for the borrow returned here.
         unsafe { std::slice::from_raw_parts(self.bufs.as_ptr().add(bid * self.size), len) }
     }
 }
@@ -348,17 +364,11 @@ struct MsgHdr(libc::msghdr);
 // owner to another thread does not move that memory.
 unsafe impl Send for MsgHdr {}
 
-fn zeroed_msghdr() -> libc::msghdr {
-    // SAFETY: an all-zero msghdr (null pointers, zero lengths) is a valid value.
-    unsafe { std::mem::zeroed() }
-}
-
 /// Per-datagram state of one `send` call.
 #[derive(Clone, Copy, Debug, Default)]
 struct TxSlot {
     name_len: libc::socklen_t,
-    retries: u32,
-    icmp_retries: u32,
+    attempt: Attempt,
 }
 
 /// Storage the send SQEs point into; sized to the largest batch seen, never resized while a
@@ -390,18 +400,16 @@ impl TxState {
     fn prepare(&mut self, batch: &TxBatch, peer: Option<SocketAddr>) {
         let n = batch.len();
         if self.hdrs.len() < n {
-            // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
-            let zero_name: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-            self.names.resize(n, zero_name);
+            self.names.resize(n, sys::empty_storage());
             self.iovs.resize_with(n, || [IoVec::EMPTY, IoVec::EMPTY]);
-            self.hdrs.resize_with(n, || MsgHdr(zeroed_msghdr()));
+            self.hdrs.resize_with(n, || MsgHdr(sys::empty_msghdr()));
             self.slots.resize(n, TxSlot::default());
         }
         self.queue.clear();
         self.done.clear();
         for i in 0..n {
             let (data, dest) = batch.get(i);
-            let (name, mut name_len) = sockaddr(&dest);
+            let (name, mut name_len) = sys::to_storage(&dest);
             if peer == Some(dest) {
                 // The connected peer: no address, the kernel's cached route.
                 name_len = 0;
@@ -430,15 +438,20 @@ impl TxState {
         let names = self.names.as_mut_ptr();
         let iovs = self.iovs.as_mut_ptr();
         for i in 0..n {
-            let mut hdr = zeroed_msghdr();
             // `wrapping_add` keeps this safe; `i < n <= len` so the pointers are in bounds.
-            if self.slots[i].name_len > 0 {
-                hdr.msg_name = names.wrapping_add(i).cast();
-                hdr.msg_namelen = self.slots[i].name_len;
-            }
-            hdr.msg_iov = iovs.wrapping_add(i).cast();
-            hdr.msg_iovlen = if batch.part(i).is_some() { 2 } else { 1 };
-            self.hdrs[i] = MsgHdr(hdr);
+            let name_len = self.slots[i].name_len;
+            let name = if name_len > 0 {
+                names.wrapping_add(i).cast()
+            } else {
+                std::ptr::null_mut()
+            };
+            let iov_len = if batch.part(i).is_some() { 2 } else { 1 };
+            self.hdrs[i] = MsgHdr(sys::msghdr(
+                name,
+                name_len,
+                iovs.wrapping_add(i).cast(),
+                iov_len,
+            ));
         }
     }
 
@@ -464,60 +477,6 @@ impl IoVec {
 // SAFETY: as for `MsgHdr`: the pointer targets a `TxBatch` buffer or region part only during
 // one `send` call.
 unsafe impl Send for IoVec {}
-
-fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    let sa = socket2::SockAddr::from(*addr);
-    // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
-    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = (sa.len() as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
-    // SAFETY: `sa` holds `len` initialised bytes at `as_ptr`; `storage` is a distinct local
-    // with room for them.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            sa.as_ptr() as *const u8,
-            &mut storage as *mut _ as *mut u8,
-            len,
-        );
-    }
-    (storage, len as libc::socklen_t)
-}
-
-/// Decodes the `sockaddr_in` / `sockaddr_in6` bytes the kernel wrote into a receive buffer.
-fn parse_name(name: &[u8]) -> Option<SocketAddr> {
-    let family = i32::from(u16::from_ne_bytes(name.get(0..2)?.try_into().ok()?));
-    let port = u16::from_be_bytes(name.get(2..4)?.try_into().ok()?);
-    match family {
-        libc::AF_INET => {
-            let ip: [u8; 4] = name.get(4..8)?.try_into().ok()?;
-            Some(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(ip), port)))
-        }
-        libc::AF_INET6 => {
-            let flowinfo = u32::from_be_bytes(name.get(4..8)?.try_into().ok()?);
-            let ip: [u8; 16] = name.get(8..24)?.try_into().ok()?;
-            let scope = u32::from_ne_bytes(name.get(24..28)?.try_into().ok()?);
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(ip),
-                port,
-                flowinfo,
-                scope,
-            )))
-        }
-        _ => None,
-    }
-}
-
-fn is_transient(errno: i32) -> bool {
-    matches!(errno, libc::EAGAIN | libc::ENOBUFS | libc::EINTR)
-}
-
-/// ICMP errors from earlier datagrams surface on later operations of an unconnected UDP socket
-/// and say nothing about this one.
-fn is_stale_icmp_error(errno: i32) -> bool {
-    matches!(
-        errno,
-        libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EHOSTDOWN
-    )
-}
 
 /// A completed receive: buffer `bid` holds `len` bytes (recvmsg_out header, name, payload).
 #[derive(Clone, Copy, Debug)]
@@ -553,9 +512,8 @@ pub struct UringIo {
     /// The descriptor a wake-up poll is armed on, if any.
     wake_armed: Option<RawFd>,
     tx: TxState,
-    send_drops: u64,
-    /// A packet filter's drop was reported (see [`filtered_on_the_way_out`]).
-    warned_filter: bool,
+    /// Datagrams dropped, and whether a filter's drop was reported.
+    failures: SendFailures,
     /// The address the socket is connected to, if any.
     peer: Option<SocketAddr>,
     /// Times the multishot receive was armed.
@@ -572,7 +530,7 @@ impl std::fmt::Debug for UringIo {
             .field("setup", &self.setup)
             .field("rx_armed", &self.rx_armed)
             .field("rx_ready", &self.rx_ready.len())
-            .field("send_drops", &self.send_drops)
+            .field("send_drops", &self.failures.drops())
             .finish_non_exhaustive()
     }
 }
@@ -637,7 +595,10 @@ impl UringIo {
             None
         };
 
-        rx.register(&ring).map_err(|e| {
+        // SAFETY: `rx` outlives the registration: it becomes a field of the `UringIo` below,
+        // which drops `ring` (after cancelling every request) before it; on an early return,
+        // `ring` (declared later) is dropped first.
+        unsafe { rx.register(&ring) }.map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("provided-buffer ring registration (Linux 5.19): {e}"),
@@ -656,7 +617,7 @@ impl UringIo {
             }
         };
 
-        let mut rx_hdr = Box::new(MsgHdr(zeroed_msghdr()));
+        let mut rx_hdr = Box::new(MsgHdr(sys::empty_msghdr()));
         rx_hdr.0.msg_namelen = RX_NAME_LEN as libc::socklen_t;
         let rx_buffers = (usize::from(rx.count), rx.size);
         // The flags are named by the attempt that succeeded (see `SETUP_SINGLE`/`SETUP_SHARED`).
@@ -674,8 +635,7 @@ impl UringIo {
             rx_error: None,
             wake_armed: None,
             tx: TxState::default(),
-            send_drops: 0,
-            warned_filter: false,
+            failures: SendFailures::default(),
             peer: None,
             rx_arms: 0,
             rx_takeovers: 0,
@@ -727,12 +687,14 @@ impl UringIo {
     }
 
     /// Pushes one SQE, submitting first when the queue is full.
-    fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+    ///
+    /// # Safety
+    /// Everything `entry` points at (message header, iovecs, buffers, address) must stay alive
+    /// and unmoved until its completion (and a zero-copy send's notification) has been reaped,
+    /// or the request is cancelled with the cancellation confirmed.
+    unsafe fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
         loop {
-            // SAFETY: every SQE built in this file points only at memory owned by `self` (receive
-            // header, buffer ring) or at the caller's `TxBatch` buffers and region parts (whose
-            // `Arc`s the batch holds until `clear`) and `self.tx`, which `send` keeps alive and
-            // unmoved until their completions (and zero-copy notifications) have been reaped.
+            // SAFETY: the entry's memory outlives the request (this function's contract).
             let pushed = unsafe { self.ring.submission().push(entry) };
             if pushed.is_ok() {
                 return Ok(());
@@ -776,7 +738,9 @@ impl UringIo {
             opcode::RecvMsgMulti::new(Fd(self.socket.as_raw_fd()), &self.rx_hdr.0, RX_GROUP)
                 .build()
                 .user_data(user_data(TAG_RECV, generation));
-        self.push(&entry)?;
+        // SAFETY: the receive points at `rx_hdr`, boxed and owned by `self`, and at the buffer
+        // group, which `self` owns; `Drop` cancels every request before they are freed.
+        unsafe { self.push(&entry)? };
         self.rx_gen = generation;
         self.rx_armed = true;
         if self.coop_shared {
@@ -793,7 +757,8 @@ impl UringIo {
         let cancel = opcode::AsyncCancel::new(user_data(TAG_RECV, self.rx_gen))
             .build()
             .user_data(user_data(TAG_CANCEL, 0));
-        self.push(&cancel)?;
+        // SAFETY: a cancellation points at no memory.
+        unsafe { self.push(&cancel)? };
         self.arm_recv()?;
         self.rx_takeovers += 1;
         self.submit()
@@ -839,16 +804,15 @@ impl UringIo {
                             len: res as usize,
                         });
                     } else {
-                        self.rx.provide(bid);
+                        // SAFETY: this completion handed buffer `bid` back.
+                        unsafe { self.rx.provide(bid) };
                         self.rx.publish();
                     }
                 } else if res < 0 {
                     let errno = -res;
                     // ENOBUFS: the buffer ring ran dry (re-armed once buffers are back);
                     // ECANCELED: cancelled on drop.
-                    if !(errno == libc::ENOBUFS
-                        || errno == libc::ECANCELED
-                        || is_stale_icmp_error(errno))
+                    if !(errno == libc::ENOBUFS || errno == libc::ECANCELED || is_stale_icmp(errno))
                     {
                         self.rx_error
                             .get_or_insert(io::Error::from_raw_os_error(errno));
@@ -903,7 +867,11 @@ impl DatagramIo for UringIo {
                     _ => opcode::SendMsg::new(fd, hdr).flags(flags).build(),
                 };
                 let entry = entry.user_data(user_data(TAG_SEND, i as u64));
-                if let Err(e) = self.push(&entry) {
+                // SAFETY: the send points at `self.tx` (not resized while sends are in flight)
+                // and at the batch's buffers and region parts, which this call keeps alive and
+                // unmoved until every completion and notification is reaped (or, when the ring
+                // fails, until the cancellation is confirmed; otherwise they are leaked).
+                if let Err(e) = unsafe { self.push(&entry) } {
                     first_error.get_or_insert(e);
                     self.tx.queue.clear();
                     break;
@@ -943,27 +911,14 @@ impl DatagramIo for UringIo {
                         if res >= 0 {
                             continue;
                         }
-                        let errno = -res;
-                        let slot = &mut self.tx.slots[i];
-                        if is_transient(errno) {
-                            if slot.retries < SEND_RETRIES {
-                                slot.retries += 1;
-                                self.tx.queue.push_back(i);
-                            } else {
-                                // The socket buffer stayed full: drop it, the protocol resends.
-                                self.send_drops += 1;
-                            }
-                        } else if filtered_on_the_way_out(Some(errno), &mut self.warned_filter) {
+                        let attempt = &mut self.tx.slots[i].attempt;
+                        match self.failures.after(-res, attempt) {
+                            Next::Again => self.tx.queue.push_back(i),
                             // Lost on the way out, as on a cable: the protocol resends.
-                            self.send_drops += 1;
-                        } else if is_stale_icmp_error(errno) {
-                            // The error was about an earlier datagram; this one was not sent.
-                            if slot.icmp_retries < ICMP_RETRIES {
-                                slot.icmp_retries += 1;
-                                self.tx.queue.push_back(i);
+                            Next::Drop => {}
+                            Next::Fail => {
+                                first_error.get_or_insert(io::Error::from_raw_os_error(-res));
                             }
-                        } else {
-                            first_error.get_or_insert(io::Error::from_raw_os_error(errno));
                         }
                     }
                 }
@@ -997,17 +952,21 @@ impl DatagramIo for UringIo {
                 break;
             }
             while let Some(done) = self.rx_ready.pop_front() {
-                let buf = self.rx.filled(done.bid, done.len);
+                // SAFETY: `rx_ready` holds buffers that receive completions handed back, each
+                // once, until the loop below provides them again.
+                let buf = unsafe { self.rx.filled(done.bid, done.len) };
                 if let Ok(msg) = RecvMsgOut::parse(buf, &self.rx_hdr.0) {
                     // Truncated: larger than any datagram tbrdma sends, so not ours.
                     if !msg.is_payload_truncated() && !msg.is_name_data_truncated() {
-                        if let Some(from) = parse_name(msg.name_data()) {
+                        if let Some(from) = sys::parse(msg.name_data()) {
                             deliver(msg.payload_data(), from);
                             total += 1;
                         }
                     }
                 }
-                self.rx.provide(done.bid);
+                // SAFETY: a completion handed `done.bid` back (above), and it leaves
+                // `rx_ready` now.
+                unsafe { self.rx.provide(done.bid) };
             }
             self.rx.publish();
         }
@@ -1038,12 +997,14 @@ impl DatagramIo for UringIo {
                 let cancel = opcode::AsyncCancel::new(user_data(TAG_WAKE, old as u64))
                     .build()
                     .user_data(user_data(TAG_CANCEL, 0));
-                self.push(&cancel)?;
+                // SAFETY: a cancellation points at no memory.
+                unsafe { self.push(&cancel)? };
             }
             let poll = opcode::PollAdd::new(Fd(fd), libc::POLLIN as u32)
                 .build()
                 .user_data(user_data(TAG_WAKE, fd as u64));
-            self.push(&poll)?;
+            // SAFETY: a poll names its descriptor by number and points at no memory.
+            unsafe { self.push(&poll)? };
             self.wake_armed = Some(fd);
         }
         // Spurious returns are allowed, so a day stands in for longer timeouts (which would
@@ -1064,7 +1025,7 @@ impl DatagramIo for UringIo {
     }
 
     fn send_drops(&self) -> u64 {
-        self.send_drops
+        self.failures.drops()
     }
 
     fn set_peer(&mut self, peer: Option<SocketAddr>) -> io::Result<()> {
@@ -1112,29 +1073,19 @@ impl Drop for UringIo {
 /// Registers and unregisters a small provided-buffer ring on `ring` (for the feature probe).
 pub(crate) fn try_provided_buffer_ring(ring: &IoUring) -> io::Result<()> {
     let mut rx = RxBuffers::new(64, 1)?;
-    rx.register(ring)?;
-    ring.submitter().unregister_buf_ring(RX_GROUP)
+    // SAFETY: the group is unregistered below before `rx` is dropped; should that fail, `rx`
+    // is leaked instead.
+    unsafe { rx.register(ring)? };
+    let unregistered = ring.submitter().unregister_buf_ring(RX_GROUP);
+    if unregistered.is_err() {
+        std::mem::forget(rx);
+    }
+    unregistered
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_the_kernel_writes_decode() {
-        for addr in ["127.0.0.1:4791", "[::1]:4791", "[fe80::1%3]:9"] {
-            let addr: SocketAddr = addr.parse().unwrap();
-            let (storage, len) = sockaddr(&addr);
-            // SAFETY: `storage` is a plain struct of at least `len` initialised bytes.
-            let bytes = unsafe {
-                std::slice::from_raw_parts(&storage as *const _ as *const u8, len as usize)
-            };
-            assert_eq!(parse_name(bytes), Some(addr));
-        }
-        assert_eq!(parse_name(&[]), None);
-        assert_eq!(parse_name(&[2, 0, 1]), None);
-        assert_eq!(parse_name(&[0xff; 28]), None);
-    }
 
     #[test]
     fn user_data_round_trips() {

@@ -1,0 +1,333 @@
+//! Who runs the engine's loop, and how it is started. Two progress modes (chosen per device):
+//! - [`Progress::Thread`]: a background thread owns the socket's backend and runs the loop, so
+//!   one-sided operations complete with no call from the target application. It busy-polls for
+//!   [`EngineConfig::spin`] after the last activity, then sleeps in the kernel until a datagram,
+//!   a deadline or a post from another thread wakes it.
+//! - [`Progress::Caller`]: no thread; whoever polls a completion queue (or calls
+//!   [`Engine::progress`]) runs the loop, and posting a request sends it at once. This is what
+//!   NCCL's proxy thread and 2-core machines want: one spinning thread per process. The keeper
+//!   (`keeper.rs`) stands in for an application that stopped calling.
+//!
+//! This module owns what the application's threads and the engine's threads share
+//! ([`Shared`]: the state's lock, the backends, the wake-up descriptor, the stop flag), the
+//! doorbell ([`Shared::post`]) and the start-up of the engine or keeper thread ([`launch`]).
+//!
+//! [`Engine::progress`]: crate::worker::Engine::progress
+
+use std::io;
+use std::net::UdpSocket;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use tbrdma_proto::Time;
+
+use crate::config::{EngineConfig, Progress};
+use crate::io::faults::{FaultPlan, FaultyIo};
+use crate::io::{DatagramIo, EngineKind, open as open_io};
+use crate::keeper::Keeper;
+use crate::state::State;
+
+/// Parts shared by the application's threads and the engine thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    /// The backend, in caller mode (in thread mode the engine thread owns it).
+    io: Mutex<Option<Vec<Box<dyn DatagramIo>>>>,
+    wake: EventFd,
+    sleeping: AtomicBool,
+    stop: AtomicBool,
+    epoch: Instant,
+    /// Who drives the loop.
+    progress: Progress,
+    /// Caller mode: the keeper's alarm and the application's last poll.
+    keeper: Keeper,
+}
+
+impl Shared {
+    /// Shares `state` for an engine run as `config` says.
+    pub(crate) fn new(state: State, config: &EngineConfig) -> io::Result<Shared> {
+        Ok(Shared {
+            state: Mutex::new(state),
+            io: Mutex::new(None),
+            wake: EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?,
+            sleeping: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            epoch: Instant::now(),
+            progress: config.progress,
+            keeper: Keeper::new(config.progress == Progress::Caller, config.keeper_period)?,
+        })
+    }
+
+    /// The current engine time.
+    pub(crate) fn now(&self) -> Time {
+        Time(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// Locks the shared state (registrations, connection setup, statistics).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        let mut state = self.state.lock().expect("engine state lock");
+        // Whoever locks may change what there is to send.
+        state.mark_dirty();
+        state
+    }
+
+    /// Runs `f` on the state, then makes sure whatever it queued gets sent: at once in caller
+    /// mode, by waking the engine thread in thread mode. This is the doorbell.
+    pub(crate) fn post<R>(&self, f: impl FnOnce(&mut State, Time) -> R) -> io::Result<R> {
+        match self.progress {
+            Progress::Caller => {
+                let mut io = self.io.lock().expect("io lock");
+                let mut state = self.lock();
+                let now = self.now();
+                let result = f(&mut state, now);
+                if let Some(rails) = io.as_mut() {
+                    state.flush(rails, now)?;
+                }
+                Ok(result)
+            }
+            Progress::Thread => {
+                let result = {
+                    let mut state = self.lock();
+                    f(&mut state, self.now())
+                };
+                if self.sleeping.load(Ordering::SeqCst) {
+                    let _ = self.wake.write(1);
+                }
+                Ok(result)
+            }
+        }
+    }
+
+    /// [`Self::post`], or with `quiet` in caller mode, for work that puts nothing on the wire
+    /// by itself (posted receives), no transmit pass now: the next poll's pass routes whatever
+    /// it produced (a flushed receive on a failed connection, say).
+    pub(crate) fn post_maybe_quiet<R>(
+        &self,
+        quiet: bool,
+        f: impl FnOnce(&mut State, Time) -> R,
+    ) -> io::Result<R> {
+        if quiet && self.progress == Progress::Caller {
+            let mut state = self.lock();
+            return Ok(f(&mut state, self.now()));
+        }
+        self.post(f)
+    }
+
+    /// Caller mode: runs the loop once (receive, deadlines, transmit), first ending the
+    /// acknowledgement holds (this is the "next call" they were waiting for). Thread mode:
+    /// nothing (the engine thread does it). Returns whether anything happened.
+    pub(crate) fn progress(&self) -> io::Result<bool> {
+        if self.progress == Progress::Thread {
+            return Ok(false);
+        }
+        self.with_rails(|state, rails, now| {
+            // The keeper reads this to tell whether the application is still polling.
+            self.keeper.note_poll(now);
+            state.release_held_acks();
+            state.run_once(rails, now)
+        })
+    }
+
+    /// Tells the engine or keeper thread to stop and wakes it.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.wake.write(1);
+        // The keeper blocks on its alarm: ring it, under the state lock, so that a keeper
+        // deciding to park (under that lock) either parks before the ring or sees the stop.
+        // (Before, a park right after the ring left the keeper waiting for ever, and the
+        // engine's drop joining it.)
+        let _state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.keeper.ring();
+    }
+
+    /// Caller mode, for the keeper: sends the acknowledgements still held. Nothing else: the
+    /// application's own polls receive (a keeper that received would run connection timers
+    /// against a socket nobody reads and hand completions to an application in mid-step).
+    /// Returns whether some may still be held: their datagram could not go out, or another
+    /// thread was using the backends (and may leave without polling).
+    fn flush_held_acks(&self) -> io::Result<bool> {
+        let mut ran = false;
+        let held = self.with_rails(|state, rails, now| {
+            ran = true;
+            if state.acks_held() {
+                state.release_held_acks();
+                state.flush(rails, now)?;
+            }
+            if !state.acks_held() && !self.stop.load(Ordering::SeqCst) {
+                // Nothing left to send: park (under the lock, see `Keeper::park`; never once
+                // stopping, see `stop`).
+                self.keeper.park();
+            }
+            Ok(state.acks_held())
+        })?;
+        Ok(held || !ran)
+    }
+
+    /// Caller mode: runs `f` on the state and the backends unless another thread is using the
+    /// backends right now (it is doing the same work: skip, returning false).
+    fn with_rails(
+        &self,
+        f: impl FnOnce(&mut State, &mut [Box<dyn DatagramIo>], Time) -> io::Result<bool>,
+    ) -> io::Result<bool> {
+        let Ok(mut io) = self.io.try_lock() else {
+            return Ok(false);
+        };
+        let Some(rails) = io.as_mut() else {
+            return Ok(false);
+        };
+        let mut state = self.state.lock().expect("engine state lock");
+        f(&mut state, rails, self.now())
+    }
+}
+
+/// What [`launch`] started: the backend kind of rail 0, why the preferred one was not used (if
+/// it was not), and the engine thread (thread mode) or the keeper (caller mode).
+pub(crate) type Launched = (EngineKind, Option<String>, JoinHandle<()>);
+
+/// Opens the backends on `sockets` (one per rail) and starts the thread that goes with the
+/// progress mode: in caller mode the backends go into `shared` and the keeper starts; in
+/// thread mode the engine thread opens them (it will be their only user) and runs the loop.
+pub(crate) fn launch(
+    shared: &Arc<Shared>,
+    config: &EngineConfig,
+    sockets: Vec<UdpSocket>,
+) -> io::Result<Launched> {
+    match config.progress {
+        Progress::Caller => {
+            let (rails, kind, fallback) = open_rails(config, sockets, false)?;
+            *shared.io.lock().expect("io lock") = Some(rails);
+            let keeper_shared = Arc::clone(shared);
+            let keeper = std::thread::Builder::new()
+                .name("tbrdma-keeper".into())
+                .spawn(move || {
+                    let s = &keeper_shared;
+                    s.keeper.run(&s.stop, || s.now(), || s.flush_held_acks())
+                })?;
+            Ok((kind, fallback, keeper))
+        }
+        Progress::Thread => {
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            let thread_shared = Arc::clone(shared);
+            let thread_config = config.clone();
+            let worker = std::thread::Builder::new()
+                .name("tbrdma-engine".into())
+                .spawn(move || {
+                    // The backend is created on this thread, which will be its only user.
+                    match open_rails(&thread_config, sockets, true) {
+                        Ok((rails, kind, fallback)) => {
+                            let _ = ready_tx.send(Ok((kind, fallback)));
+                            engine_thread(thread_shared, rails, thread_config);
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                    }
+                })?;
+            let (kind, fallback) = ready_rx
+                .recv()
+                .map_err(|_| io::Error::other("engine thread died at start"))??;
+            Ok((kind, fallback, worker))
+        }
+    }
+}
+
+/// Opens a backend on each rail's socket; returns them, the kind of the first and any
+/// fallback reason.
+type OpenedRails = (Vec<Box<dyn DatagramIo>>, EngineKind, Option<String>);
+
+fn open_rails(
+    config: &EngineConfig,
+    sockets: Vec<UdpSocket>,
+    single_issuer: bool,
+) -> io::Result<OpenedRails> {
+    let faults = match &config.faults {
+        Some(plan) => Some(plan.clone()),
+        None => {
+            FaultPlan::from_env().map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?
+        }
+    };
+    let mut rails = Vec::with_capacity(sockets.len());
+    let mut fallback = None;
+    for (rail, socket) in sockets.into_iter().enumerate() {
+        let (mut io, why) = open_io(config.engine, socket, config.max_datagram, single_issuer)?;
+        fallback = fallback.or(why);
+        if let Some(plan) = faults.as_ref().filter(|p| p.applies_to(rail)) {
+            tracing::warn!("rail {rail}: injecting faults into received datagrams: {plan:?}");
+            io = Box::new(FaultyIo::new(io, plan.clone(), rail));
+        }
+        rails.push(io);
+    }
+    let kind = rails[0].kind();
+    Ok((rails, kind, fallback))
+}
+
+/// Thread mode: the engine thread's loop, until the engine stops.
+fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, config: EngineConfig) {
+    if let Some(cpu) = config.cpu {
+        let mut set = nix::sched::CpuSet::new();
+        if set.set(cpu).is_ok() {
+            if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set) {
+                tracing::warn!("cannot pin the engine thread to CPU {cpu}: {e}");
+            }
+        }
+    }
+    let mut last_busy = Instant::now();
+    while !shared.stop.load(Ordering::Relaxed) {
+        let busy = run_locked(&shared, &mut rails);
+        if busy {
+            last_busy = Instant::now();
+            continue;
+        }
+        if last_busy.elapsed() < config.spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        // Announce the sleep, then look once more: a post that raced with the announcement is
+        // either seen now or wakes the sleep through the eventfd.
+        shared.sleeping.store(true, Ordering::SeqCst);
+        if !run_locked(&shared, &mut rails) {
+            let deadline = shared
+                .state
+                .lock()
+                .expect("engine state lock")
+                .next_deadline();
+            let now = shared.now();
+            let timeout = deadline
+                .map_or(config.max_sleep, |d| d.saturating_since(now))
+                .min(config.max_sleep);
+            shared
+                .state
+                .lock()
+                .expect("engine state lock")
+                .count_sleep();
+            // With several rails the sleep watches rail 0 only, so it is kept short.
+            let timeout = if rails.len() > 1 {
+                timeout.min(Duration::from_millis(1))
+            } else {
+                timeout
+            };
+            if let Err(e) = rails[0].wait(timeout, shared.wake.as_fd()) {
+                tracing::error!("engine wait failed: {e}");
+            }
+            let _ = shared.wake.read();
+        }
+        shared.sleeping.store(false, Ordering::SeqCst);
+        last_busy = Instant::now();
+    }
+}
+
+fn run_locked(shared: &Shared, rails: &mut [Box<dyn DatagramIo>]) -> bool {
+    let now = shared.now();
+    let mut state = shared.state.lock().expect("engine state lock");
+    match state.run_once(rails, now) {
+        Ok(busy) => busy,
+        Err(e) => {
+            tracing::error!("engine I/O failed: {e}");
+            false
+        }
+    }
+}

@@ -1,0 +1,789 @@
+//! The engine's state: every connection of the engine (its protocol state machine, peers and
+//! completion queues), the protection domains' arenas, which region each outstanding request
+//! names, the rails' socket associations, the lent landing zone and the transmit batches; and
+//! the loop's passes over them ([`State::run_once`], [`State::flush`]).
+//!
+//! This module alone reads and writes that bookkeeping: the rest of the engine, and the verbs
+//! crate through [`crate::worker::Engine`], state intentions (post this work, register that
+//! region, add this connection) and the state keeps its own invariants. The one that makes
+//! deregistration safe, "the i-th completion of a queue releases the region named by the i-th
+//! request posted on it", is [`record_post`] and [`release_completed`].
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+// FxHash: these maps are looked up several times per datagram with small integer keys, which
+// SipHash (std's default, built against hash flooding) makes cost more. Only this process
+// inserts keys (queue pair numbers, region ids); a peer-supplied number is only looked up.
+use rustc_hash::FxHashMap as HashMap;
+use tbrdma_proto::connection::ConnectParams;
+use tbrdma_proto::memory::RegisterError;
+use tbrdma_proto::{
+    Access, Config, Connection, ConnectionState, Event, Memory, PostError, Queue, RecvWr, Region,
+    RegionId, SendWr, Sge, Stats, Time,
+};
+
+use crate::cq::{Completion, CqShared};
+use crate::io::{DatagramIo, Landing, RegionPart, TxBatch};
+use crate::memory::{Arena, Buffer};
+
+/// Bytes in front of a send payload that a queue pair with send headroom (`QueuePair::set_send_headroom` in tbrdma-verbs) lets the
+/// engine write: the largest datagram header, which then goes out from the region together with
+/// its payload, as one contiguous buffer. On veth a single iovec sends a 16 KiB datagram about
+/// 0.2 µs faster than the header and the payload as two (docs/performance.md).
+pub const SEND_HEADROOM: usize = tbrdma_proto::wire::MAX_HEADER_LEN;
+
+/// Engine-wide counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Datagrams for no known queue pair, or from an address other than its peer.
+    pub foreign_datagrams: u64,
+    /// Loop iterations that moved something.
+    pub busy_iterations: u64,
+    /// Times the engine thread went to sleep.
+    pub sleeps: u64,
+    /// Payloads received straight into their place (a landing zone, see [`Landing`]).
+    pub landed_in_place: u64,
+}
+
+/// A protection domain of one engine: which arena its regions live in. Only the engine makes
+/// them ([`crate::worker::Engine::add_protection_domain`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PdId(usize);
+
+/// A new connection, as the connection manager agreed it with the peer: everything the engine
+/// needs to add it ([`crate::worker::Engine::add_connection`]).
+#[derive(Debug)]
+pub struct NewConnection {
+    /// Protocol configuration (already fitted to this engine, see [`crate::worker::Engine::window_limit`]).
+    pub config: Config,
+    /// Whether this side sends CONNECT (the client).
+    pub active: bool,
+    /// Token, queue pair numbers (`local_qpn` names the connection) and initial sequence number.
+    pub params: ConnectParams,
+    /// The peer's data socket on each rail, in rail order.
+    pub peers: Vec<SocketAddr>,
+    /// The protection domain whose regions the connection's requests name.
+    pub pd: PdId,
+    /// Where send-queue completions go.
+    pub send_cq: Arc<CqShared>,
+    /// Where receive-queue completions go.
+    pub recv_cq: Arc<CqShared>,
+}
+
+/// Why work could not be posted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PostFailed {
+    /// The engine has no connection by that number (closed, or never added).
+    #[error("the queue pair is closed")]
+    Closed,
+    /// The protocol refused a request (queue full, malformed); the ones before it were posted.
+    #[error(transparent)]
+    Refused(#[from] PostError),
+    /// Sending what was posted failed.
+    #[error(transparent)]
+    Io(io::Error),
+}
+
+/// The bytes of a registered region a queue pair expects its next write in
+/// ([`crate::worker::Engine::expect_write`]).
+#[derive(Debug)]
+pub struct WriteZone {
+    /// The region's bytes.
+    pub buffer: Arc<Buffer>,
+    /// The region's id in its protection domain.
+    pub region: RegionId,
+    /// The region's remote key.
+    pub rkey: u32,
+    /// Where the write's payload starts in `buffer`: the [`SEND_HEADROOM`] bytes in front of it
+    /// must lie in the buffer too (the header is received there).
+    pub offset: usize,
+    /// How many payload bytes the write brings.
+    pub len: usize,
+}
+
+/// One connection and where its completions go.
+#[derive(Debug)]
+struct Slot {
+    /// The protocol state machine.
+    conn: Connection,
+    /// The peer's data socket on each rail: datagrams from anywhere else are dropped.
+    peers: Vec<SocketAddr>,
+    /// Protection domain (index of its arena).
+    pd: usize,
+    /// Where send-queue completions go.
+    send_cq: Arc<CqShared>,
+    /// Where receive-queue completions go.
+    recv_cq: Arc<CqShared>,
+    /// Connection events not yet read.
+    events: Vec<Event>,
+    /// Region named by each outstanding send, in post order (see [`State::record_post`]).
+    sq_regions: VecDeque<Option<RegionId>>,
+    /// Region named by each posted receive, in post order.
+    rq_regions: VecDeque<Option<RegionId>>,
+    /// The application dropped its queue pair: remove the slot once it has nothing to send.
+    detached: bool,
+    /// Receive-queue completions delivered so far (a landing zone is valid only for an
+    /// application that has seen them all, see [`State::set_landing`]).
+    recv_completions: u64,
+    /// The application promised that the [`SEND_HEADROOM`] bytes in front of every send
+    /// payload of this queue pair are its to write while the request is outstanding: gathered
+    /// datagrams then have their header written there and leave as one buffer.
+    send_headroom: bool,
+}
+
+/// Everything the loop and the application share, behind one lock.
+#[derive(Debug)]
+pub(crate) struct State {
+    /// One arena per protection domain.
+    arenas: Vec<Arena>,
+    /// Outstanding requests naming each region, per protection domain.
+    region_users: HashMap<(usize, RegionId), usize>,
+    /// Connections by local queue pair number.
+    conns: HashMap<u32, Slot>,
+    /// Counters.
+    stats: EngineStats,
+    next_qpn: u32,
+    /// Datagrams waiting to leave, one batch per rail.
+    tx: Vec<TxBatch>,
+    next_deadline: Option<Time>,
+    /// Some connection holds an acknowledgement for a reply to carry.
+    acks_held: bool,
+    /// Something may have changed since the last transmit pass (a post, a new connection, a
+    /// released hold): the next loop must run one even if nothing arrived.
+    dirty: bool,
+    /// Whom each rail's socket should be connected to, and whom it is.
+    bindings: Vec<RailBinding>,
+    /// Payloads of at least this many bytes are sent from their region in place
+    /// ([`crate::worker::EngineConfig::gather_threshold`]; `usize::MAX`: never).
+    gather_from: usize,
+    /// Where the next datagram may be received (one zone per engine: the collectives open a
+    /// device per neighbour), and the protection domain of its region.
+    landing: Option<Landing>,
+    landing_pd: usize,
+}
+
+/// A rail socket's association. A socket whose connections all talk to one peer is connected
+/// to it: the kernel then skips a route lookup for every datagram sent and finds the socket by
+/// early demultiplexing on receipt (measured on veth: about 1 µs off an 8 B round trip), and
+/// drops datagrams from anyone else before they reach the engine. Once a second peer appears,
+/// the socket is disconnected for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Binding {
+    /// No connection yet.
+    Open,
+    /// Every connection on the rail talks to this address.
+    Peer(SocketAddr),
+    /// Connections on the rail talk to several addresses.
+    Shared,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RailBinding {
+    wanted: Binding,
+    applied: Option<SocketAddr>,
+}
+
+impl RailBinding {
+    fn target(&self) -> Option<SocketAddr> {
+        match self.wanted {
+            Binding::Peer(p) => Some(p),
+            Binding::Open | Binding::Shared => None,
+        }
+    }
+}
+
+impl State {
+    /// A state for an engine of `rails` rails whose datagrams are at most `max_datagram`
+    /// bytes, sending payloads of at least `gather_from` bytes from their region in place;
+    /// queue pair numbers are drawn after `first_qpn`.
+    pub(crate) fn new(
+        rails: usize,
+        max_datagram: usize,
+        gather_from: usize,
+        first_qpn: u32,
+    ) -> State {
+        State {
+            arenas: Vec::new(),
+            region_users: HashMap::default(),
+            conns: HashMap::default(),
+            stats: EngineStats::default(),
+            next_qpn: first_qpn,
+            tx: (0..rails).map(|_| TxBatch::new(32, max_datagram)).collect(),
+            next_deadline: None,
+            acks_held: false,
+            dirty: false,
+            bindings: vec![
+                RailBinding {
+                    wanted: Binding::Open,
+                    applied: None,
+                };
+                rails
+            ],
+            gather_from,
+            landing: None,
+            landing_pd: 0,
+        }
+    }
+
+    /// Someone may have changed what there is to send: the next loop runs a transmit pass.
+    pub(crate) fn mark_dirty(&mut self) {
+        self.dirty = true;
+    }
+
+    /// Engine-wide counters.
+    pub(crate) fn stats(&self) -> EngineStats {
+        self.stats
+    }
+
+    /// The engine thread goes to sleep.
+    pub(crate) fn count_sleep(&mut self) {
+        self.stats.sleeps += 1;
+    }
+
+    /// Whether some connection holds an acknowledgement (as of the last transmit pass).
+    pub(crate) fn acks_held(&self) -> bool {
+        self.acks_held
+    }
+
+    /// A new protection domain whose keys come from `seed`.
+    pub(crate) fn add_protection_domain(&mut self, seed: [u8; 32]) -> PdId {
+        self.arenas.push(Arena::new(seed));
+        PdId(self.arenas.len() - 1)
+    }
+
+    /// Registers `buffer` with `access` in protection domain `pd`.
+    pub(crate) fn register(
+        &mut self,
+        pd: PdId,
+        buffer: Arc<Buffer>,
+        access: Access,
+    ) -> Result<Region, RegisterError> {
+        self.arenas[pd.0].register(buffer, access)
+    }
+
+    /// Posts send-queue work requests on queue pair `qpn`; see [`Self::post_work`].
+    pub(crate) fn post_send(&mut self, qpn: u32, wrs: &[SendWr]) -> Result<(), PostFailed> {
+        self.post_work(qpn, wrs, Queue::Send, |conn, arena, wr| {
+            conn.post_send(*wr, arena)?;
+            Ok(wr.local)
+        })
+    }
+
+    /// Posts receive buffers on queue pair `qpn`; see [`Self::post_work`].
+    pub(crate) fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr]) -> Result<(), PostFailed> {
+        self.post_work(qpn, wrs, Queue::Recv, |conn, _arena, wr| {
+            conn.post_recv(*wr)?;
+            Ok(wr.local)
+        })
+    }
+
+    /// Sets whether queue pair `qpn` lends the [`SEND_HEADROOM`] in front of its send
+    /// payloads. False when there is no such queue pair.
+    pub(crate) fn set_send_headroom(&mut self, qpn: u32, on: bool) -> bool {
+        let Some(slot) = self.conns.get_mut(&qpn) else {
+            return false;
+        };
+        slot.send_headroom = on;
+        true
+    }
+
+    /// Lends `zone` for the write queue pair `qpn` expects next (see [`Self::set_landing`]);
+    /// `None` when there is no such queue pair.
+    ///
+    /// # Panics
+    /// If the zone, with its header room, does not lie in `zone.buffer`.
+    pub(crate) fn expect_write(&mut self, qpn: u32, zone: WriteZone, seen: u64) -> Option<bool> {
+        let slot = self.conns.get(&qpn)?;
+        let pd = slot.pd;
+        // Room for one datagram's payload: a write of several lands its first one here.
+        let room = zone.len.min(slot.conn.max_payload() as usize);
+        let addr = zone.buffer.addr() + zone.offset as u64;
+        let landing = Landing {
+            qpn,
+            zone: RegionPart::new(
+                zone.buffer,
+                zone.offset - SEND_HEADROOM,
+                SEND_HEADROOM + room,
+            ),
+            region: zone.region,
+            rkey: zone.rkey,
+            addr,
+        };
+        Some(self.set_landing(pd, Some(landing), seen))
+    }
+
+    /// Closes queue pair `qpn` (the slot goes once its CLOSE is out) and takes back any
+    /// landing zone it lent.
+    pub(crate) fn close(&mut self, qpn: u32, now: Time) {
+        self.forget_landing_of(qpn);
+        if let Some(slot) = self.conns.get_mut(&qpn) {
+            slot.conn.close(now);
+            // The engine removes the slot once the CLOSE has gone out.
+            slot.detached = true;
+        }
+    }
+
+    /// The state of connection `qpn` ([`ConnectionState::Closed`] once it is gone).
+    pub(crate) fn connection_state(&self, qpn: u32) -> ConnectionState {
+        self.conns
+            .get(&qpn)
+            .map_or(ConnectionState::Closed, |s| s.conn.state())
+    }
+
+    /// Events of connection `qpn` since the last call.
+    pub(crate) fn take_events(&mut self, qpn: u32) -> Vec<Event> {
+        self.conns
+            .get_mut(&qpn)
+            .map(|s| std::mem::take(&mut s.events))
+            .unwrap_or_default()
+    }
+
+    /// Whether an unread event of connection `qpn` says it was established.
+    pub(crate) fn was_established(&self, qpn: u32) -> bool {
+        self.conns
+            .get(&qpn)
+            .is_some_and(|s| s.events.contains(&Event::Established))
+    }
+
+    /// Protocol counters of connection `qpn` (zeros once it is gone).
+    pub(crate) fn connection_stats(&self, qpn: u32) -> Stats {
+        self.conns
+            .get(&qpn)
+            .map(|s| *s.conn.stats())
+            .unwrap_or_default()
+    }
+
+    /// Datagrams connection `qpn` sent on each rail, and its rail failovers.
+    pub(crate) fn rail_stats(&self, qpn: u32) -> (Vec<u64>, u64) {
+        self.conns.get(&qpn).map_or((Vec::new(), 0), |s| {
+            let (sent, failovers) = s.conn.path_stats();
+            (sent.to_vec(), failovers)
+        })
+    }
+}
+
+impl State {
+    /// A fresh queue pair number.
+    pub(crate) fn reserve_qpn(&mut self) -> u32 {
+        loop {
+            self.next_qpn = self.next_qpn.wrapping_add(1).max(1);
+            if !self.conns.contains_key(&self.next_qpn) {
+                return self.next_qpn;
+            }
+        }
+    }
+
+    /// Adds a connection; its rails' sockets are connected to its peer when it is their only
+    /// one (see [`Binding`]), before its first datagram leaves.
+    pub(crate) fn add_connection(&mut self, new: NewConnection, now: Time) {
+        let NewConnection {
+            config,
+            active,
+            params,
+            peers,
+            pd,
+            send_cq,
+            recv_cq,
+        } = new;
+        let qp_num = params.local_qpn;
+        let mut conn = if active {
+            Connection::connect(config, params, now)
+        } else {
+            Connection::accept(config, params, now)
+        };
+        conn.set_paths(peers.len());
+        for (binding, peer) in self.bindings.iter_mut().zip(&peers) {
+            binding.wanted = match binding.wanted {
+                Binding::Open => Binding::Peer(*peer),
+                Binding::Peer(p) if p == *peer => Binding::Peer(p),
+                Binding::Peer(_) | Binding::Shared => Binding::Shared,
+            };
+        }
+        let slot = Slot {
+            conn,
+            peers,
+            pd: pd.0,
+            send_cq,
+            recv_cq,
+            events: Vec::new(),
+            sq_regions: VecDeque::new(),
+            rq_regions: VecDeque::new(),
+            detached: false,
+            recv_completions: 0,
+            send_headroom: false,
+        };
+        self.conns.insert(qp_num, slot);
+        self.dirty = true;
+    }
+
+    /// Posts every request of `wrs` on queue pair `qpn`'s `queue` with `post`, stopping at the
+    /// first one refused, and records which region each names (see [`Self::record_post`]).
+    fn post_work<W>(
+        &mut self,
+        qpn: u32,
+        wrs: &[W],
+        queue: Queue,
+        post: impl Fn(&mut Connection, &Arena, &W) -> Result<Sge, PostError>,
+    ) -> Result<(), PostFailed> {
+        let State {
+            conns,
+            arenas,
+            region_users,
+            ..
+        } = self;
+        let slot = conns.get_mut(&qpn).ok_or(PostFailed::Closed)?;
+        let arena = &arenas[slot.pd];
+        for wr in wrs {
+            let local = post(&mut slot.conn, arena, wr)?;
+            let region = region_of(arena, local);
+            record_post(region_users, slot, queue, region);
+        }
+        Ok(())
+    }
+
+    /// Revokes the keys of `region` of protection domain `pd` and, when no outstanding request
+    /// names it, forgets its bytes too; otherwise returns how many requests still do (its bytes
+    /// stay until they complete: an in-flight send never reads freed memory).
+    pub(crate) fn deregister(&mut self, pd: PdId, region: RegionId) -> Result<(), usize> {
+        let key = (pd.0, region);
+        let arena = &mut self.arenas[pd.0];
+        let _ = arena.table_mut().deregister(region);
+        match self.region_users.get(&key).copied().unwrap_or(0) {
+            0 => {
+                arena.deregister(region);
+                self.region_users.remove(&key);
+                Ok(())
+            }
+            users => Err(users),
+        }
+    }
+
+    /// Connects or disconnects rail sockets whose wanted association changed.
+    fn apply_bindings(&mut self, rails: &mut [Box<dyn DatagramIo>]) {
+        for (rail, binding) in self.bindings.iter_mut().enumerate() {
+            let target = binding.target();
+            if target == binding.applied {
+                continue;
+            }
+            match rails[rail].set_peer(target) {
+                Ok(()) => binding.applied = target,
+                Err(e) => {
+                    tracing::warn!("cannot associate rail {rail}'s socket with {target:?}: {e}");
+                    binding.wanted = Binding::Shared;
+                    if rails[rail].set_peer(None).is_ok() {
+                        binding.applied = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends every acknowledgement hold: the next transmit pass sends them.
+    pub(crate) fn release_held_acks(&mut self) {
+        if std::mem::take(&mut self.acks_held) {
+            self.dirty = true;
+            for slot in self.conns.values_mut() {
+                slot.conn.release_held_ack();
+            }
+        }
+    }
+
+    /// Lends the engine a landing zone (see [`Landing`]) for queue pair `landing.qpn`, whose
+    /// application has seen `seen` of its receive completions, in protection domain `pd`.
+    /// Refused (returns false) when that count is behind the engine's (writes the application
+    /// has not seen yet may lie in the zone), or while a message to be placed in the zone is
+    /// partly received: its first packets may already lie there, and any datagram received
+    /// into the zone would overwrite them (such as its missing last packet, resent). With
+    /// `None`, takes back any zone lent.
+    pub(crate) fn set_landing(&mut self, pd: usize, landing: Option<Landing>, seen: u64) -> bool {
+        self.clear_landing();
+        let Some(landing) = landing else {
+            return true;
+        };
+        if self
+            .conns
+            .get(&landing.qpn)
+            .is_none_or(|slot| slot.recv_completions != seen || slot.detached)
+        {
+            return false;
+        }
+        let zone = landing.zone.offset()..landing.zone.offset() + landing.zone.len();
+        // (Any queue pair of the domain: a peer may write into the same region on another.)
+        let zone_bytes = zone.start as u64..zone.end as u64;
+        let overwrites_a_message = self.conns.values().any(|slot| {
+            slot.pd == pd
+                && slot.conn.receiving_into().is_some_and(|(region, bytes)| {
+                    region == landing.region
+                        && bytes.start < zone_bytes.end
+                        && zone_bytes.start < bytes.end
+                })
+        });
+        if overwrites_a_message {
+            return false;
+        }
+        self.arenas[pd].watch(Some((landing.region, zone)));
+        self.landing = Some(landing);
+        self.landing_pd = pd;
+        true
+    }
+
+    /// Takes back the landing zone lent for queue pair `qpn`, if that is whose it is.
+    pub(crate) fn forget_landing_of(&mut self, qpn: u32) {
+        if self.landing.as_ref().is_some_and(|l| l.qpn == qpn) {
+            self.clear_landing();
+        }
+    }
+
+    fn clear_landing(&mut self) {
+        end_loan(&mut self.landing, &mut self.arenas[..], self.landing_pd);
+    }
+
+    /// Receives, handles deadlines, transmits and routes completions once. Returns whether
+    /// anything happened.
+    pub(crate) fn run_once(
+        &mut self,
+        rails: &mut [Box<dyn DatagramIo>],
+        now: Time,
+    ) -> io::Result<bool> {
+        let State {
+            conns,
+            arenas,
+            stats,
+            landing,
+            landing_pd,
+            ..
+        } = self;
+        let mut received = 0;
+        for (rail, io) in rails.iter_mut().enumerate() {
+            let lent = landing.is_some();
+            received += io.recv(landing, &mut |data: &[u8], from| {
+                let qpn = data
+                    .get(16..20)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                match qpn.and_then(|q| conns.get_mut(&q)) {
+                    Some(slot) if slot.peers.get(rail) == Some(&from) => {
+                        slot.conn
+                            .handle_datagram_on(now, data, rail, &mut arenas[slot.pd]);
+                    }
+                    _ => stats.foreign_datagrams += 1,
+                }
+            })?;
+            // A write placed into the zone (received there, or copied in) ends the loan, and
+            // so does a datagram too long for it (the backend dropped the zone).
+            if lent && (landing.is_none() || arenas[*landing_pd].watch_hit()) {
+                stats.landed_in_place += arenas[*landing_pd].take_in_place();
+                // (The backend may have taken the zone already, when too long a datagram came.)
+                *landing = None;
+                arenas[*landing_pd].watch(None);
+            }
+        }
+        let deadline_due = self.next_deadline.is_some_and(|d| d <= now);
+        if deadline_due {
+            for slot in self.conns.values_mut() {
+                if slot.conn.poll_timeout().is_some_and(|d| d <= now) {
+                    slot.conn.handle_timeout(now);
+                }
+            }
+        }
+        // An empty poll with no deadline and no post since the last pass has nothing to send.
+        let sent = if received > 0 || deadline_due || self.dirty {
+            self.flush(rails, now)?
+        } else {
+            false
+        };
+        let busy = received > 0 || sent;
+        if busy {
+            self.stats.busy_iterations += 1;
+        }
+        Ok(busy)
+    }
+
+    /// Transmits whatever the connections have to send and routes their completions and
+    /// events. Returns whether a datagram went out.
+    pub(crate) fn flush(
+        &mut self,
+        rails: &mut [Box<dyn DatagramIo>],
+        now: Time,
+    ) -> io::Result<bool> {
+        self.dirty = false;
+        self.apply_bindings(rails);
+        let mut sent = false;
+        let mut deadline: Option<Time> = None;
+        let mut acks_held = false;
+        let State {
+            conns,
+            arenas,
+            region_users,
+            tx,
+            gather_from,
+            landing,
+            landing_pd,
+            ..
+        } = self;
+        let gather_from = *gather_from;
+        for slot in conns.values_mut() {
+            let arena = &arenas[slot.pd];
+            loop {
+                // Every batch needs a free buffer: the datagram's rail is known only after.
+                for (rail, batch) in tx.iter_mut().enumerate() {
+                    if batch.is_full() {
+                        rails[rail].send(batch)?;
+                        sent = true;
+                    }
+                }
+                let (first, others) = tx.split_first_mut().expect("at least one rail");
+                let buf = first.next_buf().expect("a free buffer after sending");
+                let Some(t) = slot.conn.poll_transmit_gather(now, buf, arena, gather_from) else {
+                    break;
+                };
+                // A gathered datagram's payload is sent from its region, which the batch holds
+                // on to until the datagram has left.
+                let mut head_len = t.len;
+                let part = match t.payload {
+                    None => None,
+                    Some(p) => match arena.buffer(p.region) {
+                        Some(buffer)
+                            if slot.send_headroom
+                                && p.starts_request
+                                && t.len <= p.offset as usize =>
+                        {
+                            // The header goes in front of the payload, in the headroom the
+                            // application lent: one contiguous datagram in the region.
+                            let start = p.offset as usize - t.len;
+                            buffer.write(start, &buf[..t.len]);
+                            head_len = 0;
+                            Some(RegionPart::new(Arc::clone(buffer), start, t.len + p.len))
+                        }
+                        Some(buffer) => Some(RegionPart::new(
+                            Arc::clone(buffer),
+                            p.offset as usize,
+                            p.len,
+                        )),
+                        None => {
+                            // The region is gone (it cannot be while a request names it):
+                            // drop the datagram rather than send a short one; the protocol
+                            // resends or fails the request.
+                            tracing::debug!("payload region {:?} is gone", p.region);
+                            continue;
+                        }
+                    },
+                };
+                let path = t.path.min(slot.peers.len() - 1);
+                first.commit_parts(head_len, slot.peers[path], part);
+                if path > 0 {
+                    first.move_last_to(&mut others[path - 1]);
+                }
+            }
+            while let Some(wc) = slot.conn.poll_completion() {
+                let (cq, regions) = match wc.queue {
+                    Queue::Send => (&slot.send_cq, &mut slot.sq_regions),
+                    Queue::Recv => {
+                        slot.recv_completions += 1;
+                        // The application has not seen this completion yet: its landing
+                        // zone may be where the write went.
+                        if landing
+                            .as_ref()
+                            .is_some_and(|l| l.qpn == slot.conn.params().local_qpn)
+                        {
+                            end_loan(landing, arenas, *landing_pd);
+                        }
+                        (&slot.recv_cq, &mut slot.rq_regions)
+                    }
+                };
+                release_completed(region_users, slot.pd, regions);
+                cq.push(Completion {
+                    wc,
+                    qp_num: slot.conn.params().local_qpn,
+                });
+            }
+            while let Some(event) = slot.conn.poll_event() {
+                slot.events.push(event);
+            }
+            if let Some(t) = slot.conn.poll_timeout() {
+                deadline = Some(deadline.map_or(t, |d| d.min(t)));
+            }
+            acks_held |= slot.conn.ack_held();
+        }
+        // Dropped queue pairs whose CLOSE is now in the batch leave the table.
+        conns.retain(|_, slot| !slot.detached);
+        if landing
+            .as_ref()
+            .is_some_and(|l| !conns.contains_key(&l.qpn))
+        {
+            end_loan(landing, arenas, *landing_pd);
+        }
+        for (rail, batch) in tx.iter_mut().enumerate() {
+            if !batch.is_empty() {
+                rails[rail].send(batch)?;
+                sent = true;
+            }
+        }
+        self.next_deadline = deadline;
+        self.acks_held = acks_held;
+        Ok(sent)
+    }
+
+    /// The earliest connection deadline.
+    pub(crate) fn next_deadline(&self) -> Option<Time> {
+        self.next_deadline
+    }
+}
+
+/// Takes back the landing zone lent, if any, and stops watching it (its arena is `pd`'s).
+fn end_loan(landing: &mut Option<Landing>, arenas: &mut [Arena], pd: usize) {
+    if landing.take().is_some() {
+        arenas[pd].watch(None);
+    }
+}
+
+// The rule that lets a region be deregistered safely: the i-th completion of a queue releases
+// the region named by the i-th request posted on it (both queues complete in post order), and a
+// region's bytes are forgotten only when no outstanding request names it. `record_post` and
+// `release_completed` are the only places that change the per-queue FIFOs and the counts.
+
+/// The region (if any) that the local buffer of a request names.
+fn region_of(arena: &Arena, local: Sge) -> Option<RegionId> {
+    (local.len > 0)
+        .then(|| {
+            arena
+                .table()
+                .check_local(local.lkey, local.addr, local.len, Access::empty())
+                .ok()
+                .map(|p| p.region)
+        })
+        .flatten()
+}
+
+/// A request naming `region` was posted on `slot`'s `queue`: remember it in post order and
+/// count one more user of the region.
+fn record_post(
+    users: &mut HashMap<(usize, RegionId), usize>,
+    slot: &mut Slot,
+    queue: Queue,
+    region: Option<RegionId>,
+) {
+    match queue {
+        Queue::Send => slot.sq_regions.push_back(region),
+        Queue::Recv => slot.rq_regions.push_back(region),
+    }
+    if let Some(r) = region {
+        *users.entry((slot.pd, r)).or_default() += 1;
+    }
+}
+
+/// The oldest outstanding request of the queue whose posted regions are `posted` completed:
+/// its region has one user fewer.
+fn release_completed(
+    users: &mut HashMap<(usize, RegionId), usize>,
+    pd: usize,
+    posted: &mut VecDeque<Option<RegionId>>,
+) {
+    let region = posted.pop_front().flatten();
+    if let Some(n) = region.and_then(|r| users.get_mut(&(pd, r))) {
+        *n = n.saturating_sub(1);
+    }
+}
