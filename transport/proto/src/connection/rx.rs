@@ -9,6 +9,7 @@
 //! What an accepted packet *does* (placement, execution, completions, refusals) is the
 //! responder's (`responder.rs`); when to acknowledge is the acknowledgement policy's (`ack.rs`).
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::responder::InTarget;
@@ -78,8 +79,10 @@ pub(super) struct RxStream {
     started: bool,
     expected: Psn,
     current: Option<InMessage>,
-    /// Packets of `current` received, by index from its first PSN (reused between messages).
-    received: Vec<bool>,
+    /// Which packets of `current` at or after `expected` arrived: index 0 is `expected`. Never
+    /// longer than the window (packets beyond it are dropped before they get here), so what a
+    /// message keeps is bounded by the window whatever length its first packet claims.
+    received: VecDeque<bool>,
     pending_nak: Option<Ext>,
     nak_sent_for: Option<Psn>,
     /// Packets of later messages that arrived early (another rail, jitter), kept until the
@@ -101,7 +104,7 @@ impl RxStream {
             started: false,
             expected: Psn(0),
             current: None,
-            received: Vec::new(),
+            received: VecDeque::new(),
             pending_nak: None,
             nak_sent_for: None,
             stash: Vec::new(),
@@ -123,6 +126,12 @@ impl RxStream {
         buf.extend_from_slice(datagram);
         self.stash.insert(at, (psn, segment, buf));
         true
+    }
+
+    /// Room kept for the message in progress, in packets (for tests of its bound).
+    #[cfg(test)]
+    pub fn tracked_packets(&self) -> usize {
+        self.received.capacity()
     }
 
     pub fn start(&mut self, initial_psn: Psn) {
@@ -151,6 +160,7 @@ impl RxStream {
 
     pub fn clear(&mut self) {
         self.current = None;
+        self.received.clear();
         self.pending_nak = None;
         self.stash.clear();
     }
@@ -158,23 +168,22 @@ impl RxStream {
     /// Selective blocks: runs of packets of the current message received beyond the gap.
     fn sacks(&self) -> SackList {
         let mut list = SackList::default();
-        if let Some(current) = &self.current {
-            self.current_sacks(current, &mut list);
+        if self.current.is_some() {
+            self.current_sacks(&mut list);
         }
         self.stash_sacks(list)
     }
 
-    fn current_sacks(&self, current: &InMessage, list: &mut SackList) {
-        let from = self.expected.distance_from(current.first_psn) as usize;
+    fn current_sacks(&self, list: &mut SackList) {
         let mut run: Option<usize> = None;
-        for i in from..=current.npackets as usize {
-            let got = i < current.npackets as usize && self.received[i];
+        for i in 0..=self.received.len() {
+            let got = self.received.get(i).copied().unwrap_or(false);
             match (got, run) {
                 (true, None) => run = Some(i),
                 (false, Some(start)) => {
                     let block = SackBlock {
-                        start: current.first_psn.plus(start as u32),
-                        end: current.first_psn.plus(i as u32),
+                        start: self.expected.plus(start as u32),
+                        end: self.expected.plus(i as u32),
                     };
                     if !list.push(block) {
                         break;
@@ -209,11 +218,7 @@ impl RxStream {
 
     /// Whether packets beyond the gap were received (an ACK must report them).
     pub fn has_sacks(&self) -> bool {
-        !self.stash.is_empty()
-            || self.current.as_ref().is_some_and(|c| {
-                let from = self.expected.distance_from(c.first_psn) as usize;
-                self.received[from..c.npackets as usize].iter().any(|&r| r)
-            })
+        !self.stash.is_empty() || (self.current.is_some() && self.received.iter().any(|&r| r))
     }
 
     /// The ACK to send now, with as many selective blocks as fit in `max_datagram`.
@@ -232,6 +237,7 @@ impl RxStream {
     /// The responder refused the message in progress: nothing more of it is taken.
     pub fn abandon_message(&mut self) {
         self.current = None;
+        self.received.clear();
     }
 
     /// The responder has no receive for the message starting at `psn`: ask the sender to retry
@@ -441,6 +447,11 @@ impl Connection {
             self.stats.malformed += 1;
             return false;
         }
+        if psn.distance_from(self.rx.expected) >= self.config.window {
+            // (The receive stream drops these first; the bitmap below relies on it.)
+            self.stats.out_of_order_dropped += 1;
+            return false;
+        }
         if let Some(current) = &self.rx.current {
             if MessageClaims::of(packet, seg) != current.says {
                 self.stats.malformed += 1;
@@ -463,7 +474,6 @@ impl Connection {
                 says: MessageClaims::of(packet, seg),
             });
             self.rx.received.clear();
-            self.rx.received.resize(npackets as usize, false);
             if psn != self.rx.expected {
                 self.stats.out_of_order_placed += 1;
             }
@@ -471,17 +481,21 @@ impl Connection {
         let Some(current) = &self.rx.current else {
             return false;
         };
-        if self.rx.received[index as usize] {
+        // (The receive stream took only packets from `expected` on and inside the window.)
+        let ahead = psn.distance_from(self.rx.expected) as usize;
+        if psn.before(self.rx.expected) || self.rx.received.get(ahead).copied() == Some(true) {
             self.stats.duplicates += 1;
             self.ack.ack_now();
             return false;
         }
         Connection::place(&current.target, seg.offset, payload, mem);
-        self.rx.received[index as usize] = true;
+        if self.rx.received.len() <= ahead {
+            self.rx.received.resize(ahead + 1, false);
+        }
+        self.rx.received[ahead] = true;
         let mut expected = self.rx.expected;
-        while expected.distance_from(current.first_psn) < current.npackets
-            && self.rx.received[expected.distance_from(current.first_psn) as usize]
-        {
+        while self.rx.received.front() == Some(&true) {
+            self.rx.received.pop_front();
             expected = expected.plus(1);
         }
         self.rx.expected = expected;

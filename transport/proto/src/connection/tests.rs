@@ -1492,3 +1492,50 @@ fn a_later_packet_that_contradicts_its_message_is_dropped_and_touches_nothing() 
     assert!(p.b.mem.bytes(&dst, 0, len as usize) == &pattern(len as usize, 3)[..]);
     assert!(p.b.mem.bytes(&dst, len as usize, 100) == &[0xee; 100][..]);
 }
+
+/// What the receiver keeps for a message in progress is bounded by its window, not by the
+/// length the message's first packet claims (a peer could otherwise make it allocate a flag
+/// for every packet of a multi-gigabyte write, and walk them all for every ACK).
+#[test]
+fn a_message_claiming_millions_of_packets_costs_no_more_than_the_window() {
+    use crate::wire::{Ext, decode};
+    let config = Config {
+        max_datagram: crate::wire::MAX_HEADER_LEN + 8, // 8-byte payloads.
+        window: 64,
+        ..Config::default()
+    };
+    let mut p = pair_with(LinkConfig::default(), config);
+    let big = 16 << 20; // 2 Mi packets of 8 bytes.
+    let src = p.a.mem.alloc(64, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(big, RW);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, 16),
+        op: SendOp::Write {
+            remote: remote(&dst, 0),
+        },
+    })
+    .unwrap();
+    let now = p.now;
+    let datagrams = transmit_all(&mut p.a, now);
+    let first = datagrams
+        .iter()
+        .find_map(|d| decode(d).ok().filter(|p| matches!(p.ext, Ext::Write(..))))
+        .expect("the write's first packet");
+    let Ext::Write(seg, target) = first.ext else {
+        unreachable!()
+    };
+    // The same first packet, claiming the whole 16 MiB region.
+    let claim = crate::wire::Segment {
+        msg_len: big as u64,
+        ..seg
+    };
+    let forged = forge(&first, Ext::Write(claim, target), first.payload);
+    p.b.conn.handle_datagram(now, &forged, &mut p.b.mem);
+    assert!(
+        p.b.conn.rx.message_in_progress().is_some(),
+        "the claim was taken"
+    );
+    let kept = p.b.conn.rx.tracked_packets();
+    assert!(kept <= 64, "{kept} packets tracked for one message");
+}
