@@ -8,7 +8,7 @@
 //! | handshake | active side: [`Config::initial_rto`], doubled per resend up to [`Config::max_rto`], [`Config::max_retries`] resends; passive side: [`Config::idle_timeout`] |
 //! | idle | [`Config::idle_timeout`] |
 //! | retransmission | [`Config::initial_rto`], [`Config::rto_ceiling`], [`Config::max_rto`], [`Config::max_retries`] |
-//! | receiver-not-ready resume | the delay in the peer's NAK, which is its [`Config::rnr_delay`]; [`Config::max_rnr_retries`] |
+//! | receiver-not-ready resume | the delay in the peer's NAK, which is its [`Config::rnr_delay`], at most [`Config::max_rnr_delay`]; [`Config::max_rnr_retries`] |
 //! | path probe | [`Config::path_probe_interval`] |
 //! | keep-alive | [`Config::keepalive_interval`] |
 //! | acknowledgement hold | [`Config::ack_hold`] |
@@ -16,6 +16,19 @@
 use std::time::Duration;
 
 use crate::wire::MAX_HEADER_LEN;
+
+/// Largest window a connection advertises or honours: a peer's bigger offer is lowered to it
+/// (sequence numbers compare within half of their 32-bit space; this keeps every window far
+/// inside it, and what a sender keeps per unacknowledged packet bounded).
+pub const MAX_WINDOW: u32 = 1 << 15;
+
+/// Smallest payload per packet a peer may ask for in its handshake; a smaller offer is
+/// refused (the handshake is dropped as malformed and the connection never establishes).
+pub const MIN_PAYLOAD: u32 = 8;
+
+/// Most packets one message may take: a longer request is refused when posted, so that one
+/// message never spans more than a quarter of the sequence space.
+pub const MAX_MESSAGE_PACKETS: u64 = 1 << 30;
 
 /// Configuration of one connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +52,10 @@ pub struct Config {
     /// How long a SEND waits after a receiver-not-ready NAK before retrying (verbs
     /// `min_rnr_timer`).
     pub rnr_delay: Duration,
+    /// Longest pause a peer's receiver-not-ready NAK may ask for; a longer one is shortened to
+    /// this (InfiniBand's longest RNR timer is 655 ms), so a peer cannot stall a connection
+    /// for an hour with one NAK.
+    pub max_rnr_delay: Duration,
     /// Receiver-not-ready retries before [`crate::WcStatus::RnrRetryExceeded`]. Unlike verbs,
     /// 7 does not mean "forever": the budget is always bounded.
     pub max_rnr_retries: u32,
@@ -82,6 +99,7 @@ impl Default for Config {
             max_rto: Duration::from_secs(1),
             max_retries: 10,
             rnr_delay: Duration::from_micros(100),
+            max_rnr_delay: Duration::from_millis(655),
             max_rnr_retries: 7,
             keepalive_interval: Duration::from_millis(500),
             idle_timeout: Duration::from_secs(3),

@@ -259,7 +259,10 @@ impl Connection {
 
     fn new(mut config: Config, role: Role, params: ConnectParams, now: Time) -> Connection {
         // The largest header plus a byte of payload must fit; anything smaller cannot work.
-        config.max_datagram = config.max_datagram.max(wire::MAX_HEADER_LEN + 8);
+        config.max_datagram = config
+            .max_datagram
+            .max(wire::MAX_HEADER_LEN + crate::config::MIN_PAYLOAD as usize);
+        config.window = config.window.clamp(1, crate::config::MAX_WINDOW);
         let max_payload = config.max_payload();
         let tx = TxStream::new(params.initial_psn, &config);
         Connection {
@@ -366,6 +369,11 @@ impl Connection {
         if matches!(wr.op, SendOp::FetchAdd { .. } | SendOp::CmpSwap { .. }) && wr.local.len != 8 {
             return Err(PostError::Invalid(
                 "an atomic's local buffer must be exactly 8 bytes",
+            ));
+        }
+        if wr.local.len.div_ceil(u64::from(self.max_payload)) > crate::config::MAX_MESSAGE_PACKETS {
+            return Err(PostError::Invalid(
+                "the message needs more than 2^30 packets at the negotiated payload size",
             ));
         }
         if !self.accepts_posts() {
@@ -551,7 +559,10 @@ impl Connection {
             (Role::Passive, Ext::Connect(h)) | (Role::Active, Ext::Accept(h)) => *h,
             _ => return,
         };
-        if peer.src_qpn != self.params.remote_qpn || peer.max_payload == 0 || peer.window == 0 {
+        if peer.src_qpn != self.params.remote_qpn
+            || peer.max_payload < crate::config::MIN_PAYLOAD
+            || peer.window == 0
+        {
             self.stats.malformed += 1;
             return;
         }

@@ -292,7 +292,9 @@ impl Connection {
                 code: NakCode::ReceiverNotReady,
                 rnr_delay_us,
             } => {
-                let delay = Duration::from_micros(u64::from(rnr_delay_us));
+                // The peer chose it: never longer than our ceiling.
+                let delay =
+                    Duration::from_micros(u64::from(rnr_delay_us)).min(self.config.max_rnr_delay);
                 if !self.tx.on_rnr_nak(psn, delay, now, &mut self.timers) {
                     self.fail(
                         Some(WcStatus::RnrRetryExceeded),

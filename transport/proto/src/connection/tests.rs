@@ -1539,3 +1539,72 @@ fn a_message_claiming_millions_of_packets_costs_no_more_than_the_window() {
     let kept = p.b.conn.rx.tracked_packets();
     assert!(kept <= 64, "{kept} packets tracked for one message");
 }
+
+/// Values a peer chooses in its handshake and NAKs have ceilings: a window of 2^32 packets
+/// is lowered to [`crate::config::MAX_WINDOW`] (sequence numbers compare within half their
+/// space), and a receiver-not-ready NAK asking for an hour's pause is shortened to
+/// `max_rnr_delay`, so the connection still fails within a bounded (simulated) time.
+#[test]
+fn peer_chosen_windows_and_delays_are_clamped() {
+    let hostile = Config {
+        window: u32::MAX,
+        rnr_delay: Duration::from_secs(3600),
+        ..Config::default()
+    };
+    let mut p = Pair::new(PairConfig {
+        seed: 7,
+        config_a: Config::default(),
+        config_b: hostile,
+        link: LinkConfig::default(),
+    });
+    assert_eq!(p.a.conn.state(), ConnectionState::Established);
+    assert_eq!(p.a.conn.tx.peer_window(), crate::config::MAX_WINDOW);
+    assert!(p.b.conn.config.window <= crate::config::MAX_WINDOW);
+
+    // No receive posted at b: every retry meets a NAK asking for an hour.
+    let src = p.a.mem.alloc(64, Access::LOCAL_WRITE);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, 64),
+        op: SendOp::Send { imm: None },
+    })
+    .unwrap();
+    let start = p.now;
+    assert!(p.drive(STEPS));
+    assert_eq!(
+        only(p.a.take_completions()).status,
+        WcStatus::RnrRetryExceeded
+    );
+    let took = Duration::from_nanos(p.now.0 - start.0);
+    let bound = Config::default().max_rnr_delay * (Config::default().max_rnr_retries + 1)
+        + Config::default().retry_budget() * 2;
+    assert!(
+        took <= bound,
+        "failed after {took:?} of simulated time (bound {bound:?})"
+    );
+}
+
+/// A message that would span more than a quarter of the sequence space is refused when
+/// posted (8-byte payloads: 2^30 packets is 8 GiB).
+#[test]
+fn a_message_longer_than_the_sequence_space_allows_is_refused_at_post() {
+    let config = Config {
+        max_datagram: crate::wire::MAX_HEADER_LEN + 8,
+        ..Config::default()
+    };
+    let mut p = pair_with(LinkConfig::default(), config);
+    let src = p.a.mem.alloc(64, Access::LOCAL_WRITE);
+    let huge = Sge {
+        addr: src.addr,
+        len: 8 << 30 | 1,
+        lkey: src.lkey,
+    };
+    let err =
+        p.a.post_send(SendWr {
+            wr_id: 1,
+            local: huge,
+            op: SendOp::Send { imm: None },
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("2^30 packets"), "{err}");
+}

@@ -160,8 +160,14 @@ impl TxStream {
         self.next_psn
     }
 
+    /// The window the peer advertised, as honoured (for tests of its ceiling).
+    #[cfg(test)]
+    pub fn peer_window(&self) -> u32 {
+        self.peer_window
+    }
+
     pub fn set_peer_window(&mut self, window: u32) {
-        self.peer_window = window.max(1);
+        self.peer_window = window.clamp(1, crate::config::MAX_WINDOW);
     }
 
     pub fn is_empty(&self) -> bool {
