@@ -262,6 +262,15 @@ impl TxStream {
         self.push(kind, max_payload);
     }
 
+    /// Forgets what the peer acknowledged selectively, as RFC 2018 asks after a timeout: a
+    /// receiver may throw away what it SACKed (a full stash, a message it could not take yet),
+    /// and a NAK or a timeout is when the sender learns that it may have. Everything not
+    /// cumulatively acknowledged is then sent again from the retransmission cursor (the peer
+    /// drops what it already holds as duplicates).
+    fn forget_sacks(&mut self) {
+        self.sacked.clear();
+    }
+
     fn is_sacked(&self, psn: Psn) -> bool {
         self.sacked
             .iter()
@@ -542,6 +551,7 @@ impl TxStream {
         if psn.before(self.snd_una) || !psn.before(self.next_send) {
             return;
         }
+        self.forget_sacks();
         if self.rtx.is_none_or(|c| psn.before(c)) {
             self.rtx = Some(psn);
         }
@@ -563,6 +573,7 @@ impl TxStream {
         if self.rnr_retries > self.max_rnr_retries {
             return false;
         }
+        self.forget_sacks();
         self.rtx = Some(psn);
         let resume = now + delay;
         timers.set(Timer::RnrResume, resume);
@@ -611,6 +622,7 @@ impl TxStream {
         }
         self.rto = (self.rto * 2).min(self.max_rto);
         self.rtt_probe = None;
+        self.forget_sacks();
         timers.set(Timer::Retransmit, now + self.rto);
         if self.has_unacked() {
             self.rtx = Some(self.snd_una);
@@ -651,5 +663,58 @@ mod tests {
             tx.sample_rtt(Duration::from_millis(if i % 2 == 0 { 1 } else { 40 }));
         }
         assert_eq!(tx.base_rto(), config.rto_ceiling);
+    }
+
+    /// Sends a four-packet message, has packets 2 and 3 SACKed, then `renege` (a timeout, a
+    /// sequence NAK or an RNR NAK); returns the PSNs resent afterwards.
+    fn resent_after(renege: impl FnOnce(&mut TxStream, &mut TimerTable, Time)) -> Vec<u32> {
+        let config = Config::default();
+        let mp = config.max_payload();
+        let mut tx = TxStream::new(Psn(0), &config);
+        let mut timers = TimerTable::default();
+        tx.set_peer_window(128);
+        tx.push_response(
+            OutKind::Write {
+                source: None,
+                len: 4 * u64::from(mp),
+                remote: Remote { rkey: 1, addr: 0 },
+                imm: None,
+            },
+            mp,
+        );
+        let now = Time(1_000);
+        while let Some(psn) = tx.next_to_send(now, &mut timers) {
+            tx.on_sent(psn, now, &mut timers);
+        }
+        tx.on_sack(&[wire::SackBlock {
+            start: Psn(2),
+            end: Psn(4),
+        }]);
+        let later = Time(now.0 + 10_000_000_000);
+        renege(&mut tx, &mut timers, later);
+        let mut resent = Vec::new();
+        while let Some(psn) = tx.next_to_send(later, &mut timers) {
+            tx.on_sent(psn, later, &mut timers);
+            resent.push(psn.0);
+        }
+        resent
+    }
+
+    #[test]
+    fn selective_acknowledgements_are_forgotten_on_a_timeout_or_a_nak() {
+        let timeout = resent_after(|tx, timers, now| {
+            assert_eq!(tx.on_timeout(now, timers), TimeoutAction::Retransmit);
+        });
+        assert_eq!(
+            timeout,
+            [0, 1, 2, 3],
+            "after a timeout everything unacknowledged"
+        );
+        let nak = resent_after(|tx, _, _| tx.on_sequence_nak(Psn(0)));
+        assert_eq!(nak, [0, 1, 2, 3], "after a sequence NAK");
+        let rnr = resent_after(|tx, timers, now| {
+            assert!(tx.on_rnr_nak(Psn(0), Duration::ZERO, now, timers));
+        });
+        assert_eq!(rnr, [0, 1, 2, 3], "after an RNR NAK");
     }
 }
