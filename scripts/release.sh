@@ -27,6 +27,10 @@ trap 'rm -rf "$stage"' EXIT
 prefix="/opt/$name"
 "$target/release/tbrdma" install --prefix "$prefix" --destdir "$stage" --from "$target/release" >/dev/null
 root="$stage$prefix"
+# The release profile keeps debug info for profiling; the archive does not need it.
+if command -v strip >/dev/null; then
+  strip --strip-debug "$root/bin/tbrdma" "$root"/lib/*.so
+fi
 
 # The newest GLIBC_ symbol version any binary needs is the oldest glibc it runs on.
 glibc=$(for f in "$root/bin/tbrdma" "$root"/lib/*.so; do
