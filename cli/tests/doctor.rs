@@ -266,7 +266,8 @@ fn nccl_doctor(env: &[(&str, String)]) -> Value {
     // An empty sysfs: no links, so only the host and plugin checks have anything to say.
     let sysfs = tempfile::tempdir().unwrap();
     let mut cmd = Command::new(TBRDMA);
-    cmd.args(["doctor", "--nccl", "--json", "--sysfs-root"]).arg(sysfs.path());
+    cmd.args(["doctor", "--nccl", "--json", "--sysfs-root"])
+        .arg(sysfs.path());
     for k in [
         "NCCL_NET_PLUGIN",
         "NCCL_NET",
