@@ -21,9 +21,9 @@ const TBRDMA: &str = env!("CARGO_BIN_EXE_tbrdma");
 /// One pair of busy-polling processes at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn lab(tag: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Lab)> {
+fn lab(tag: &str, rails: u32) -> Option<(std::sync::MutexGuard<'static, ()>, Lab)> {
     let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    Lab::up(tag, 2, LabTopology::Pair, 1).map(|lab| (serial, lab))
+    Lab::up(tag, 2, LabTopology::Pair, rails).map(|lab| (serial, lab))
 }
 
 fn show(o: &Output) -> String {
@@ -127,7 +127,8 @@ fn plugin_dir(tmp: &Path) -> Option<PathBuf> {
 
 #[test]
 fn both_ends_running_doctor_measure_the_link_and_the_plugin_checks_pass() {
-    let Some((_serial, lab)) = lab("h18d") else {
+    // Two cables: each doctor serves on both while it measures them one by one.
+    let Some((_serial, lab)) = lab("h18d", 2) else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -154,14 +155,26 @@ fn both_ends_running_doctor_measure_the_link_and_the_plugin_checks_pass() {
     for (rank, out) in [(0, &peer), (1, &me)] {
         assert!(out.status.success(), "rank {rank}:\n{}", show(out));
         let r = report(out);
-        assert_measured(one(&r, "tbrdma ping-pong with"), "one-way");
-        assert_measured(one(&r, "tbrdma bandwidth to"), "MiB/s");
-        assert!(
-            one(&r, "tbrdma ping-pong with")["detail"]
-                .as_str()
-                .unwrap()
-                .contains("kernel ICMP round trip")
+        let pings = checks(&r, "tbrdma ping-pong with");
+        let bandwidths = checks(&r, "tbrdma bandwidth to");
+        assert_eq!(
+            (pings.len(), bandwidths.len()),
+            (2, 2),
+            "one of each per cable: {r:#}"
         );
+        for c in pings {
+            assert_measured(c, "one-way");
+            assert!(
+                c["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("kernel ICMP round trip"),
+                "{c:#}"
+            );
+        }
+        for c in bandwidths {
+            assert_measured(c, "MiB/s");
+        }
     }
     if plugin.is_some() {
         let r = report(&me);
@@ -200,7 +213,7 @@ fn both_ends_running_doctor_measure_the_link_and_the_plugin_checks_pass() {
 
 #[test]
 fn a_pingpong_server_gives_latency_only_and_no_peer_fails_with_its_fix() {
-    let Some((_serial, lab)) = lab("h18s") else {
+    let Some((_serial, lab)) = lab("h18s", 1) else {
         return;
     };
     let server_ip = lab.address(0, 1, 0).to_string();

@@ -14,8 +14,8 @@ use tbrdma_netdev::doctor::{Check, LinkUnderTest, Probes};
 pub struct CliProbes;
 
 impl Probes for CliProbes {
-    fn link(&self, link: &LinkUnderTest) -> Vec<Check> {
-        transport::checks(link, &transport::Settings::from_env())
+    fn links(&self, links: &[LinkUnderTest]) -> Vec<Check> {
+        transport::checks(links, &transport::Settings::from_env())
     }
 
     fn nccl(&self) -> Vec<Check> {

@@ -111,11 +111,16 @@ impl Serving {
         Serving { stop, thread }
     }
 
-    /// Gives the peer until `deadline` to finish its runs against us, then stops serving.
-    fn finish(self, deadline: Instant) {
+    /// Waits until the peer has run both measurements against us, or `deadline`.
+    fn wait_served(&self, deadline: Instant) {
         while !self.thread.is_finished() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Gives the peer until `deadline` to finish its runs against us, then stops serving.
+    fn finish(self, deadline: Instant) {
+        self.wait_served(deadline);
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.thread.join();
     }
@@ -168,25 +173,37 @@ fn measure(
     }
 }
 
-/// The transport checks of one link.
-pub fn checks(link: &LinkUnderTest, settings: &Settings) -> Vec<Check> {
-    let serving = Serving::start(link.local, settings);
+/// The transport checks of every link. This side serves on all of them for the whole run,
+/// so a peer that tests its cables in another order still finds a server on each.
+pub fn checks(links: &[LinkUnderTest], settings: &Settings) -> Vec<Check> {
+    let serving: Vec<Serving> = links
+        .iter()
+        .map(|l| Serving::start(l.local, settings))
+        .collect();
+    let mut out = Vec::new();
+    for (link, serving) in links.iter().zip(&serving) {
+        // Two doctors measuring each other at once would each time the other's busy-polling
+        // server against its own: the end with the lower address goes first, the other once it
+        // has served it (or, when the peer is no doctor, once it has waited long enough).
+        if link.local > link.peer {
+            serving.wait_served(Instant::now() + settings.peer_wait);
+        }
+        let deadline = Instant::now() + settings.peer_wait;
+        let latency = measure(&pingpong_args(), link, settings, deadline);
+        // The bandwidth run needs a doctor on the peer; a plain `tbrdma pingpong` server has
+        // gone.
+        let bandwidth = latency.is_ok().then(|| {
+            let deadline = Instant::now() + settings.peer_wait.min(Duration::from_secs(5));
+            measure(&bw_args(), link, settings, deadline)
+        });
+        out.push(judge_latency(link, &latency));
+        if let Some(bandwidth) = bandwidth {
+            out.push(judge_bandwidth(link, &bandwidth));
+        }
+    }
     let deadline = Instant::now() + settings.peer_wait;
-    let latency = measure(&pingpong_args(), link, settings, deadline);
-    // The bandwidth run needs a doctor on the peer; a plain `tbrdma pingpong` server has gone.
-    let bandwidth = match &latency {
-        Ok(_) => Some(measure(
-            &bw_args(),
-            link,
-            settings,
-            Instant::now() + settings.peer_wait.min(Duration::from_secs(5)),
-        )),
-        Err(_) => None,
-    };
-    serving.finish(Instant::now() + settings.peer_wait);
-    let mut out = vec![judge_latency(link, &latency)];
-    if let Some(bandwidth) = bandwidth {
-        out.push(judge_bandwidth(link, &bandwidth));
+    for s in serving {
+        s.finish(deadline);
     }
     out
 }

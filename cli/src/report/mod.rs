@@ -188,10 +188,20 @@ fn shown(step: &Step) -> String {
 }
 
 /// A running side of a step, its output collected by threads.
+/// A running side of a step; dropped unfinished (the peer went away), its child is killed.
 struct Running {
     child: Child,
-    stdout: std::thread::JoinHandle<Vec<String>>,
-    stderr: std::thread::JoinHandle<Vec<String>>,
+    stdout: Option<std::thread::JoinHandle<Vec<String>>>,
+    stderr: Option<std::thread::JoinHandle<Vec<String>>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 fn bounded_lines(
@@ -226,8 +236,8 @@ impl Running {
         }
         Ok(Running {
             child,
-            stdout,
-            stderr,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
         })
     }
 
@@ -247,8 +257,11 @@ impl Running {
                 }
             }
         };
-        let stdout = self.stdout.join().unwrap_or_default();
-        let stderr = self.stderr.join().unwrap_or_default();
+        let join = |h: Option<std::thread::JoinHandle<Vec<String>>>| {
+            h.and_then(|h| h.join().ok()).unwrap_or_default()
+        };
+        let stdout = join(self.stdout.take());
+        let stderr = join(self.stderr.take());
         let ok = status.is_some_and(|s| s.success());
         Output {
             ok,

@@ -111,6 +111,7 @@ fn busy_poll(inventory: &Inventory, proc_root: &Path) -> Vec<Check> {
 pub(super) fn busy_poll_off(proc_root: &Path) -> Vec<String> {
     SYSCTLS
         .iter()
+        .filter(|target| target.key.contains("busy_"))
         .filter_map(|target| {
             let v = read_u64(&proc_root.join("sys").join(target.relative_path()))?;
             (!target.satisfied_by(v)).then(|| format!("{}={v}", target.key))

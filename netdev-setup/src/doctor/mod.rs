@@ -98,8 +98,9 @@ pub struct LinkUnderTest {
 
 /// Checks that need crates this one does not depend on, supplied by the caller.
 pub trait Probes {
-    /// Transport checks over one link (ping-pong latency, bandwidth), in the order printed.
-    fn link(&self, link: &LinkUnderTest) -> Vec<Check>;
+    /// Transport checks over the links (ping-pong latency, bandwidth), in the order printed.
+    /// All links at once, since the peer may test its cables in another order.
+    fn links(&self, links: &[LinkUnderTest]) -> Vec<Check>;
     /// NCCL/RCCL plugin checks (found, loads, exports its tables, `init` succeeds).
     fn nccl(&self) -> Vec<Check>;
 }
@@ -184,11 +185,8 @@ pub fn run(
         link.link_gbps = host::link_gbps(&options.sysfs_root, &link.interface);
     }
     match probes {
-        Some(probes) => {
-            for link in &under_test {
-                checks.extend(probes.link(link));
-            }
-        }
+        Some(probes) if !under_test.is_empty() => checks.extend(probes.links(&under_test)),
+        Some(_) => {}
         None => checks.push(Check::new(
             "transport ping-pong",
             Status::Skip,
