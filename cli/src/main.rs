@@ -2,7 +2,10 @@
 
 mod coll;
 mod demo;
+mod doctor;
+mod install;
 mod perf;
+mod report;
 
 use std::process::ExitCode;
 
@@ -36,6 +39,16 @@ enum Command {
     Broadcast(coll::bench::BenchArgs),
     /// All-reduce cost of one tensor-parallel decode step, and the tokens/s it allows.
     TpBench(coll::tp_bench::TpBenchArgs),
+    /// The standard sweep between two hosts, as report.json, SVG plots and an HTML page.
+    Report(report::ReportArgs),
+    /// Install the CLI, libtbrdma, tbrdma.h, pkg-config file, NCCL/RCCL plugin and env file.
+    Install(install::InstallArgs),
+    /// Load an NCCL net plugin as NCCL does and print what it exports (`doctor --nccl` runs it).
+    #[command(hide = true)]
+    NcclProbe {
+        /// The library to load.
+        path: String,
+    },
     #[command(flatten)]
     Netdev(tbrdma_netdev::cli::NetdevCommand),
 }
@@ -52,6 +65,11 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Reducescatter(args) => coll::bench::main(coll::bench::Kind::ReduceScatter, args),
         Command::Broadcast(args) => coll::bench::main(coll::bench::Kind::Broadcast, args),
         Command::TpBench(args) => coll::tp_bench::run(args).map(|()| ExitCode::SUCCESS),
-        Command::Netdev(command) => tbrdma_netdev::cli::run(command).map(|()| ExitCode::SUCCESS),
+        Command::Report(args) => report::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Install(args) => install::run(args).map(|()| ExitCode::SUCCESS),
+        Command::NcclProbe { path } => doctor::nccl_probe::run(&path).map(|()| ExitCode::SUCCESS),
+        Command::Netdev(command) => {
+            tbrdma_netdev::cli::run(command, Some(&doctor::CliProbes)).map(|()| ExitCode::SUCCESS)
+        }
     }
 }

@@ -76,11 +76,14 @@ impl DetectArgs {
     }
 }
 
-/// Runs one netdev subcommand.
-pub fn run(command: NetdevCommand) -> anyhow::Result<()> {
+/// Runs one netdev subcommand; `probes` gives `doctor` the checks this crate cannot run.
+pub fn run(
+    command: NetdevCommand,
+    probes: Option<&dyn crate::doctor::Probes>,
+) -> anyhow::Result<()> {
     match command {
         NetdevCommand::Setup(args) => setup::run(args),
-        NetdevCommand::Doctor(args) => doctor::run(args),
+        NetdevCommand::Doctor(args) => doctor::run(args, probes),
         NetdevCommand::Hostfile(args) => hostfile::run(args),
         NetdevCommand::Lab(command) => lab::run(command),
     }

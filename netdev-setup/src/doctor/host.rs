@@ -106,6 +106,40 @@ fn busy_poll(inventory: &Inventory, proc_root: &Path) -> Vec<Check> {
     out
 }
 
+/// The busy-poll sysctls not set as `tbrdma setup` sets them, as `key=value` (empty when all
+/// are, or when they are not visible here).
+pub(super) fn busy_poll_off(proc_root: &Path) -> Vec<String> {
+    SYSCTLS
+        .iter()
+        .filter(|target| target.key.contains("busy_"))
+        .filter_map(|target| {
+            let v = read_u64(&proc_root.join("sys").join(target.relative_path()))?;
+            (!target.satisfied_by(v)).then(|| format!("{}={v}", target.key))
+        })
+        .collect()
+}
+
+/// The Thunderbolt link rate under `interface` in Gbit/s: the XDomain's lanes × lane speed (the
+/// slower direction), when sysfs has them (a veth in the lab has none).
+pub(super) fn link_gbps(sysfs_root: &Path, interface: &str) -> Option<f64> {
+    let device =
+        fs::canonicalize(sysfs_root.join("class/net").join(interface).join("device")).ok()?;
+    let speed = |dir: &Path, dirn: &str| -> Option<f64> {
+        let text = fs::read_to_string(dir.join(format!("{dirn}_speed"))).ok()?;
+        let gbps: f64 = text.split_whitespace().next()?.parse().ok()?;
+        let lanes: f64 = fs::read_to_string(dir.join(format!("{dirn}_lanes")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(gbps * lanes)
+    };
+    device
+        .ancestors()
+        .take(3)
+        .find_map(|dir| Some(speed(dir, "rx")?.min(speed(dir, "tx")?)))
+}
+
 fn kernel(proc_root: &Path) -> Check {
     let release = fs::read_to_string(proc_root.join("sys/kernel/osrelease")).unwrap_or_default();
     let release = release.trim();
