@@ -49,18 +49,15 @@ pub struct Engine {
     rcvbuf: usize,
 }
 
-fn os_seed() -> [u8; 32] {
-    let mut seed = [0u8; 32];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut seed);
-    }
-    seed
-}
-
-/// 64 random bits from the OS (session tokens, initial sequence numbers).
+/// 64 random bits from the kernel's generator (`getrandom(2)`): session tokens, initial
+/// sequence numbers, queue pair numbers and memory keys. A failing generator is a broken
+/// system, never a reason to use predictable values: it panics, naming the cause.
 pub fn random_u64() -> u64 {
-    u64::from_le_bytes(os_seed()[..8].try_into().expect("8 bytes"))
+    let mut bytes = [0u8; 8];
+    if let Err(e) = getrandom::fill(&mut bytes) {
+        panic!("the kernel's random generator (getrandom(2)) failed: {e}");
+    }
+    u64::from_le_bytes(bytes)
 }
 
 impl Engine {
