@@ -56,6 +56,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use tbrdma_proto::codec::{Put, Reader, SliceWriter};
 use tbrdma_verbs::{
     Access, Completion, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair, RecvWr,
     RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
@@ -271,21 +272,27 @@ struct Cts {
 impl Cts {
     fn encode(&self) -> [u8; CTS_LEN] {
         let mut b = [0u8; CTS_LEN];
-        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
-        b[8..12].copy_from_slice(&self.rkey.to_le_bytes());
-        b[16..24].copy_from_slice(&self.size.to_le_bytes());
-        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        let mut w = SliceWriter::new(&mut b);
+        w.put_u64(self.addr);
+        w.put_u32(self.rkey);
+        w.put_zeros(4);
+        w.put_u64(self.size);
+        w.put_u64(self.seq);
         b
     }
 
-    fn decode(b: &[u8; CTS_LEN]) -> Cts {
-        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
-        Cts {
-            addr: u64_at(0),
-            rkey: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
-            size: u64_at(16),
-            seq: u64_at(24),
-        }
+    /// `None` only for fewer than [`CTS_LEN`] bytes.
+    fn decode(b: &[u8]) -> Option<Cts> {
+        let mut r = Reader::new(b);
+        let addr = r.u64()?;
+        let rkey = r.u32()?;
+        r.skip(4)?;
+        Some(Cts {
+            addr,
+            rkey,
+            size: r.u64()?,
+            seq: r.u64()?,
+        })
     }
 }
 
@@ -673,7 +680,9 @@ impl SendComm {
                     if wc.byte_len == CTS_LEN as u64 {
                         let mut raw = [0u8; CTS_LEN];
                         self.ctrl.read(ring * CTS_LEN, &mut raw);
-                        st.on_cts(Cts::decode(&raw), &mut wrs);
+                        if let Some(cts) = Cts::decode(&raw) {
+                            st.on_cts(cts, &mut wrs);
+                        }
                     }
                     st.ctrl_repost.push(ring);
                 } else if wc.wr_id & STAGE_WR != 0 {
@@ -1218,7 +1227,7 @@ mod tests {
             size: 8 << 20,
             seq: 1 << 40,
         };
-        assert_eq!(Cts::decode(&c.encode()), c);
+        assert_eq!(Cts::decode(&c.encode()), Some(c));
     }
 
     #[test]
