@@ -108,7 +108,8 @@ pub struct CommOptions {
     pub max_rails: usize,
     /// First TCP port of the connection manager; the pair (i, j) uses `port_base + i·N + j`.
     pub port_base: u16,
-    /// Engine backend (io_uring falls back to sockets where it is refused).
+    /// Engine backend (io_uring falls back to sockets where it is refused, the packet engine
+    /// without `CAP_NET_RAW` or on an IPv6 rail).
     pub engine: EngineKind,
     /// Who drives progress. Caller progress (the default) suits collectives: every rank is
     /// inside a call while data moves, and it leaves the cores to the application.

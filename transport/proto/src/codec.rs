@@ -79,11 +79,6 @@ impl<'a> Reader<'a> {
     pub fn skip(&mut self, n: usize) -> Option<()> {
         self.bytes(n).map(|_| ())
     }
-
-    /// The bytes not read yet.
-    pub fn rest(&self) -> &'a [u8] {
-        &self.bytes[self.pos..]
-    }
 }
 
 /// The little-endian u16 at byte `at` of `bytes`, if all of it is there.
@@ -244,7 +239,7 @@ mod tests {
         assert_eq!(r.skip(3), Some(()));
         assert_eq!(r.socket_addr(), Some(addrs[0]));
         assert_eq!(r.socket_addr(), Some(addrs[1]));
-        assert!(r.rest().is_empty());
+        assert_eq!(r.u8(), None);
         assert_eq!(u32_at(&v, 3), Some(0x0405_0607));
     }
 
