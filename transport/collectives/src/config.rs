@@ -260,45 +260,30 @@ impl Digest {
         if bytes.len() < LEN {
             return Err(bad("a digest too short for its protocol version"));
         }
+        // Fields in wire order (a struct expression evaluates its fields as written).
         let short = || bad("a digest too short for its protocol version");
-        let mut words = [0u32; 8];
-        for w in &mut words {
-            *w = r.u32().ok_or_else(short)?;
-        }
-        let [
-            rank,
-            world,
-            rails,
-            dtypes,
-            slot_bytes,
-            slots,
-            one_shot_max,
-            algorithm,
-        ] = words;
-        let topology = r.u8().ok_or_else(short)?;
-        let topology = topology_from(topology).ok_or_else(|| bad("an unknown topology code"))?;
-        let addr = r.u64().ok_or_else(short)?;
-        let rkey = r.u32().ok_or_else(short)?;
-        let build = r.u32().ok_or_else(short)?;
-        let relay = match r.u8().ok_or_else(short)? {
-            0 => Relay::Kernel,
-            1 => Relay::Ranks,
-            _ => return Err(bad("an unknown relay code")),
-        };
         Ok(Digest {
             version,
-            rank,
-            world,
-            rails,
-            dtypes,
-            slot_bytes,
-            slots,
-            one_shot_max,
-            algorithm,
-            topology,
-            relay,
-            inbox: RemoteAddr { addr, rkey },
-            build,
+            rank: r.u32().ok_or_else(short)?,
+            world: r.u32().ok_or_else(short)?,
+            rails: r.u32().ok_or_else(short)?,
+            dtypes: r.u32().ok_or_else(short)?,
+            slot_bytes: r.u32().ok_or_else(short)?,
+            slots: r.u32().ok_or_else(short)?,
+            one_shot_max: r.u32().ok_or_else(short)?,
+            algorithm: r.u32().ok_or_else(short)?,
+            topology: topology_from(r.u8().ok_or_else(short)?)
+                .ok_or_else(|| bad("an unknown topology code"))?,
+            inbox: RemoteAddr {
+                addr: r.u64().ok_or_else(short)?,
+                rkey: r.u32().ok_or_else(short)?,
+            },
+            build: r.u32().ok_or_else(short)?,
+            relay: match r.u8().ok_or_else(short)? {
+                0 => Relay::Kernel,
+                1 => Relay::Ranks,
+                _ => return Err(bad("an unknown relay code")),
+            },
         })
     }
 
