@@ -1,7 +1,8 @@
 //! The verbs API between two processes in two network namespaces joined by a veth pair
 //! (MTU 65520), as a user runs it: every operation with data checked by hash, sizes from 1 B to
 //! 16 MiB, 64 outstanding requests, protection violations, a killed peer, the memlock error.
-//! Both engines run the same suite. Needs root (skips otherwise).
+//! The sockets and io_uring engines run the same suite (the packet engine's multi-process tests
+//! are in `collectives.rs`). Needs root (skips otherwise).
 
 use std::io::{BufRead, BufReader};
 use std::sync::Mutex;

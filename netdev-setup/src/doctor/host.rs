@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::doctor::{Check, DoctorOptions, Status};
 use crate::inventory::Inventory;
-use crate::setup::plan::read_u64;
+use crate::setup::step::read_u64;
 use crate::setup::tuning::{INTERFACE_KNOBS, SYSCTLS};
 
 /// Engine features and the kernel that has each (io_uring unless said otherwise).

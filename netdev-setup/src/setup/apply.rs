@@ -6,7 +6,8 @@ use std::path::Path;
 
 use crate::error::{NetdevError, Result};
 use crate::netlink::Netlink;
-use crate::setup::plan::{Plan, Step};
+use crate::setup::plan::Plan;
+use crate::setup::step::Step;
 
 /// Where sysctls and per-interface knobs are written.
 #[derive(Debug, Clone)]

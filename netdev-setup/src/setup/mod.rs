@@ -5,8 +5,10 @@ pub mod apply;
 pub mod persist;
 pub mod plan;
 pub mod relay;
+pub mod step;
 pub mod tuning;
 
 pub use apply::{Roots, apply};
 pub use persist::Persist;
-pub use plan::{Plan, SetupOptions, Step, plan};
+pub use plan::{Plan, SetupOptions, plan};
+pub use step::Step;

@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use crate::cables::Cable;
 use crate::error::Result;
 use crate::inventory::Inventory;
-use crate::setup::plan::SetupOptions;
 use crate::setup::tuning::{INTERFACE_KNOBS, SYSCTLS};
 
 /// Which network manager owns the configuration.
@@ -23,16 +22,17 @@ pub enum Persist {
     Nm,
 }
 
-/// Every file to write, as (absolute path, contents).
+/// Every file to write, as (absolute path, contents). `mtu` is the MTU asked for on every link
+/// (`SetupOptions::mtu`); without it each link keeps its target or current MTU.
 pub fn persist_files(
     persist: Persist,
     inventory: &Inventory,
     cables: &[Cable],
-    options: &SetupOptions,
+    mtu: Option<u32>,
 ) -> Result<Vec<(PathBuf, String)>> {
     let mut files = Vec::new();
     for link in &inventory.links {
-        let mtu = options.mtu.or(link.target_mtu).unwrap_or(link.mtu);
+        let mtu = mtu.or(link.target_mtu).unwrap_or(link.mtu);
         let address = cables
             .iter()
             .find(|c| c.interface == link.interface)

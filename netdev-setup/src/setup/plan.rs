@@ -3,132 +3,16 @@
 //! host is already set up, which is what makes `setup` idempotent.
 
 use std::fmt;
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use crate::cables::{Cable, cables};
 use crate::error::Result;
 use crate::inventory::Inventory;
 use crate::setup::persist::{Persist, persist_files};
+use crate::setup::step::Step;
 use crate::setup::tuning::{INTERFACE_KNOBS, SYSCTLS};
-
-/// One change.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    /// Set `IFF_UP`.
-    LinkUp {
-        /// Interface.
-        interface: String,
-    },
-    /// Change the MTU.
-    SetMtu {
-        /// Interface.
-        interface: String,
-        /// Current MTU.
-        from: u32,
-        /// New MTU.
-        to: u32,
-    },
-    /// Add the cable's point-to-point address.
-    AddAddress {
-        /// Interface.
-        interface: String,
-        /// This end's address.
-        address: Ipv4Addr,
-        /// Prefix length.
-        prefix_len: u8,
-        /// The other end's address, for the reader.
-        peer_address: Ipv4Addr,
-        /// The other end's host name, for the reader.
-        peer_name: String,
-    },
-    /// Write a sysctl.
-    Sysctl {
-        /// Dotted key.
-        key: String,
-        /// Current value.
-        from: u64,
-        /// New value.
-        to: u64,
-    },
-    /// Write a per-interface sysfs knob.
-    InterfaceKnob {
-        /// Interface.
-        interface: String,
-        /// File name under `class/net/IFACE/`.
-        knob: String,
-        /// Current value.
-        from: u64,
-        /// New value.
-        to: u64,
-    },
-    /// Add a host route to another rank's cable address through a neighbour (relaying in a
-    /// ring, see `setup::relay`).
-    AddRoute {
-        /// The address (a /32).
-        destination: Ipv4Addr,
-        /// The neighbour's address on the cable the packets leave by.
-        gateway: Ipv4Addr,
-        /// That cable's interface.
-        interface: String,
-        /// The rank that owns the address, for the reader.
-        owner: usize,
-        /// The neighbour's rank, for the reader.
-        via: usize,
-    },
-    /// Write a persistent configuration file.
-    WriteFile {
-        /// Absolute path.
-        path: PathBuf,
-        /// Full contents.
-        contents: String,
-    },
-}
-
-impl fmt::Display for Step {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Step::LinkUp { interface } => write!(f, "bring {interface} up"),
-            Step::SetMtu {
-                interface,
-                from,
-                to,
-            } => {
-                write!(f, "set MTU of {interface}: {from} -> {to}")
-            }
-            Step::AddAddress {
-                interface,
-                address,
-                prefix_len,
-                peer_address,
-                peer_name,
-            } => write!(
-                f,
-                "add {address}/{prefix_len} to {interface} (peer {peer_name} at {peer_address})"
-            ),
-            Step::Sysctl { key, from, to } => write!(f, "set {key}: {from} -> {to}"),
-            Step::InterfaceKnob {
-                interface,
-                knob,
-                from,
-                to,
-            } => {
-                write!(f, "set {interface} {knob}: {from} -> {to}")
-            }
-            Step::AddRoute {
-                destination,
-                gateway,
-                interface,
-                owner,
-                via,
-            } => write!(
-                f,
-                "route {destination}/32 (rank {owner}) via {gateway} dev {interface} (rank {via})"
-            ),
-            Step::WriteFile { path, .. } => write!(f, "write {}", path.display()),
-        }
-    }
-}
+// Where `doctor` reads current values from (it imports it from here).
+use crate::setup::step::read_u64;
 
 /// What to plan for.
 #[derive(Debug, Clone)]
@@ -258,7 +142,7 @@ pub fn plan(inventory: &Inventory, options: &SetupOptions) -> Result<Plan> {
         plan_relay(&mut plan, inventory, hostfile, &options.proc_root)?;
     }
     if let Some(persist) = options.persist {
-        for (path, contents) in persist_files(persist, inventory, &cables, options)? {
+        for (path, contents) in persist_files(persist, inventory, &cables, options.mtu)? {
             let path = options
                 .persist_root
                 .join(path.strip_prefix("/").unwrap_or(&path));
@@ -355,9 +239,4 @@ fn plan_sysctls(plan: &mut Plan, proc_root: &Path) {
 fn is_writable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o222 != 0)
-}
-
-/// Reads a file holding one unsigned number.
-pub fn read_u64(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }

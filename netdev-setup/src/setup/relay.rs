@@ -13,7 +13,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 
 use crate::hostfile::{Hostfile, TopologyKind};
-use crate::setup::plan::{Step, read_u64};
+use crate::setup::step::{Step, read_u64};
 
 /// The sysctl that makes a host forward IPv4 between its interfaces (per network namespace).
 pub const IP_FORWARD: &str = "net.ipv4.ip_forward";

@@ -6,12 +6,13 @@
 //! `connect`/`accept` call looks up.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use tbrdma_proto::codec::{Put, Reader, SOCKET_ADDR_LEN, SliceWriter};
 use tbrdma_verbs::{
     CompletionQueue, Config, Device, DeviceConfig, Listener, ProtectionDomain, QpOptions,
     VerbsError,
@@ -37,6 +38,8 @@ const HANDLE_VERSION: u8 = 1;
 /// Where the connector keeps its state in its own copy of the handle (NCCL passes the same
 /// buffer on every retry; the listener leaves these bytes zero).
 const STAGE_AT: usize = 96;
+// The listening addresses end before the staging field.
+const _: () = assert!(16 + SOCKET_ADDR_LEN * MAX_HANDLE_ADDRS <= STAGE_AT);
 const STAGE_MAGIC: &[u8; 4] = b"stg1";
 /// How long the acceptor waits on one listener before looking at the next (and at `stop`).
 const ACCEPT_SLICE: Duration = Duration::from_millis(20);
@@ -278,54 +281,52 @@ fn check_hello(peer: SocketAddr, data: &[u8]) -> Result<()> {
 // ---------------------------------------------------------------------------------------
 // Handles
 
-/// Writes a listen handle: magic, version, the listening addresses, zeros after.
+/// Writes a listen handle: magic, version, the number of addresses, two zero bytes, the listen
+/// id, the listening addresses ([`SOCKET_ADDR_LEN`] bytes each), zeros after.
 fn encode_handle(id: u64, addrs: &[SocketAddr], out: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) {
     out.fill(0);
-    out[0..4].copy_from_slice(HANDLE_MAGIC);
-    out[4] = HANDLE_VERSION;
-    out[5] = addrs.len().min(MAX_HANDLE_ADDRS) as u8;
-    out[8..16].copy_from_slice(&id.to_le_bytes());
-    for (i, addr) in addrs.iter().take(MAX_HANDLE_ADDRS).enumerate() {
-        let at = 16 + 18 * i;
-        let ip = match addr.ip() {
-            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-            IpAddr::V6(v6) => v6,
-        };
-        out[at..at + 16].copy_from_slice(&ip.octets());
-        out[at + 16..at + 18].copy_from_slice(&addr.port().to_le_bytes());
+    let addrs = &addrs[..addrs.len().min(MAX_HANDLE_ADDRS)];
+    let mut w = SliceWriter::new(out);
+    w.put_bytes(HANDLE_MAGIC);
+    w.put_u8(HANDLE_VERSION);
+    w.put_u8(addrs.len() as u8);
+    w.put_zeros(2);
+    w.put_u64(id);
+    for &addr in addrs {
+        w.put_socket_addr(addr);
     }
 }
 
 fn decode_handle(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Vec<SocketAddr>> {
-    if &h[0..4] != HANDLE_MAGIC || h[4] != HANDLE_VERSION {
+    let mut r = Reader::new(h);
+    if r.bytes(HANDLE_MAGIC.len()) != Some(HANDLE_MAGIC) || r.u8() != Some(HANDLE_VERSION) {
         return Err(NetError::misuse(
             "connect: the handle is not a tbrdma listen handle of this version (is the peer running the same plugin?)",
         ));
     }
-    let n = usize::from(h[5]);
+    let none = || NetError::misuse("connect: the handle lists no address");
+    let n = usize::from(r.u8().ok_or_else(none)?);
     if n == 0 || n > MAX_HANDLE_ADDRS {
-        return Err(NetError::misuse("connect: the handle lists no address"));
+        return Err(none());
     }
-    Ok((0..n)
-        .map(|i| {
-            let at = 16 + 18 * i;
-            let ip = Ipv6Addr::from(<[u8; 16]>::try_from(&h[at..at + 16]).expect("16 bytes"));
-            let ip = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
-            SocketAddr::new(ip, u16::from_le_bytes([h[at + 16], h[at + 17]]))
-        })
-        .collect())
+    r.skip(2 + 8).ok_or_else(none)?; // Padding and the listen id.
+    (0..n).map(|_| r.socket_addr().ok_or_else(none)).collect()
 }
 
 fn stage_of(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Option<u64> {
-    (&h[STAGE_AT + 8..STAGE_AT + 12] == STAGE_MAGIC)
-        .then(|| u64::from_le_bytes(h[STAGE_AT..STAGE_AT + 8].try_into().expect("8 bytes")))
+    let mut r = Reader::new(h.get(STAGE_AT..)?);
+    let id = r.u64()?;
+    (r.bytes(STAGE_MAGIC.len())? == STAGE_MAGIC).then_some(id)
 }
 
 fn set_stage(h: &mut [u8; NCCL_NET_HANDLE_MAXSIZE], id: Option<u64>) {
-    h[STAGE_AT..STAGE_AT + 12].fill(0);
-    if let Some(id) = id {
-        h[STAGE_AT..STAGE_AT + 8].copy_from_slice(&id.to_le_bytes());
-        h[STAGE_AT + 8..STAGE_AT + 12].copy_from_slice(STAGE_MAGIC);
+    let mut w = SliceWriter::new(&mut h[STAGE_AT..STAGE_AT + 12]);
+    match id {
+        Some(id) => {
+            w.put_u64(id);
+            w.put_bytes(STAGE_MAGIC);
+        }
+        None => w.put_zeros(12),
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! `tbrdma-test-peer NETNS key=value…` with keys `role` (server|client), `scenario`
 //! (ops|access|kill|memlock), `ip` (this side's link address), `server` (ip:port, client),
-//! `port` (server), `engine` (uring|sockets), `progress` (thread|caller), `violation`
+//! `port` (server), `engine` (uring|sockets|packet), `progress` (thread|caller), `violation`
 //! (badkey|oob|noflag|revoked, access scenario). Prints what it checked on stdout; exits 0 only
 //! when every check passed.
 

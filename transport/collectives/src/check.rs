@@ -8,7 +8,8 @@
 
 use half::{bf16, f16};
 
-use crate::dtype::{DType, ReduceOp, reduce_ranks};
+use crate::dtype::{DType, reduce_ranks};
+use crate::reduce_op::ReduceOp;
 
 fn mix(seed: u64, rank: usize, i: usize) -> u64 {
     let mut x = seed

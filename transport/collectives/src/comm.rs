@@ -20,7 +20,7 @@ use crate::channel::{ABORT_SELF, Channel, Fault};
 use crate::config::{
     Algorithm, CommOptions, Digest, PROTOCOL_VERSION, Relay, algorithm_code, build_hash, dtype_mask,
 };
-use crate::direct::DirectEnds;
+use crate::direct_ends::DirectEnds;
 use crate::dtype::FoldScratch;
 use crate::error::{CollError, Result};
 
@@ -229,7 +229,7 @@ impl Communicator {
                 listener,
             });
         }
-        comm.direct_ends = crate::direct::plan_ends(hostfile, rank, &comm.cabled);
+        comm.direct_ends = crate::direct_ends::plan_ends(hostfile, rank, &comm.cabled);
         let deadline = Instant::now() + opts.timeout;
         // Lower-ranked neighbours first (they are already accepting), then the higher ones.
         for p in pending {

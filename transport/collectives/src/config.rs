@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use tbrdma_netdev::hostfile::TopologyKind;
+use tbrdma_proto::codec::{Put, Reader};
 use tbrdma_verbs::{EngineKind, Progress, RemoteAddr};
 
 use crate::dtype::DType;
@@ -107,7 +108,8 @@ pub struct CommOptions {
     pub max_rails: usize,
     /// First TCP port of the connection manager; the pair (i, j) uses `port_base + i·N + j`.
     pub port_base: u16,
-    /// Engine backend (io_uring falls back to sockets where it is refused).
+    /// Engine backend (io_uring falls back to sockets where it is refused, the packet engine
+    /// without `CAP_NET_RAW` or on an IPv6 rail).
     pub engine: EngineKind,
     /// Who drives progress. Caller progress (the default) suits collectives: every rank is
     /// inside a call while data moves, and it leaves the cores to the application.
@@ -210,8 +212,8 @@ pub(crate) fn algorithm_code(a: Algorithm) -> u32 {
 impl Digest {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(LEN);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&self.version.to_le_bytes());
+        out.put_bytes(MAGIC);
+        out.put_u16(self.version);
         for v in [
             self.rank,
             self.world,
@@ -222,13 +224,13 @@ impl Digest {
             self.one_shot_max,
             self.algorithm,
         ] {
-            out.extend_from_slice(&v.to_le_bytes());
+            out.put_u32(v);
         }
-        out.push(topology_code(self.topology));
-        out.extend_from_slice(&self.inbox.addr.to_le_bytes());
-        out.extend_from_slice(&self.inbox.rkey.to_le_bytes());
-        out.extend_from_slice(&self.build.to_le_bytes());
-        out.push(self.relay.code());
+        out.put_u8(topology_code(self.topology));
+        out.put_u64(self.inbox.addr);
+        out.put_u32(self.inbox.rkey);
+        out.put_u32(self.build);
+        out.put_u8(self.relay.code());
         out.resize(LEN, 0);
         out
     }
@@ -242,47 +244,46 @@ impl Digest {
             theirs: what.to_string(),
             ours: format!("tbrdma collectives protocol {PROTOCOL_VERSION}"),
         };
-        if bytes.len() < 6 || &bytes[0..4] != MAGIC {
-            return Err(bad(
-                "something that is not a tbrdma collectives communicator",
-            ));
-        }
+        let mut r = Reader::new(bytes);
+        let version = match (r.array::<4>(), r.u16()) {
+            (Some(magic), Some(version)) if &magic == MAGIC => version,
+            _ => {
+                return Err(bad(
+                    "something that is not a tbrdma collectives communicator",
+                ));
+            }
+        };
         // The version first: another version's digest may have another length.
-        let version = u16::from_le_bytes([bytes[4], bytes[5]]);
         if version != PROTOCOL_VERSION {
             return Err(bad(&format!("tbrdma collectives protocol {version}")));
         }
         if bytes.len() < LEN {
             return Err(bad("a digest too short for its protocol version"));
         }
-        let word = |i: usize| {
-            let at = 6 + 4 * i;
-            u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
-        };
-        let at = 6 + 32;
-        let topology = topology_from(bytes[at]).ok_or_else(|| bad("an unknown topology code"))?;
-        let addr = u64::from_le_bytes(bytes[at + 1..at + 9].try_into().expect("8 bytes"));
-        let rkey = u32::from_le_bytes(bytes[at + 9..at + 13].try_into().expect("4 bytes"));
-        let build = u32::from_le_bytes(bytes[at + 13..at + 17].try_into().expect("4 bytes"));
-        let relay = match bytes[at + 17] {
-            0 => Relay::Kernel,
-            1 => Relay::Ranks,
-            _ => return Err(bad("an unknown relay code")),
-        };
+        // Fields in wire order (a struct expression evaluates its fields as written).
+        let short = || bad("a digest too short for its protocol version");
         Ok(Digest {
             version,
-            rank: word(0),
-            world: word(1),
-            rails: word(2),
-            dtypes: word(3),
-            slot_bytes: word(4),
-            slots: word(5),
-            one_shot_max: word(6),
-            algorithm: word(7),
-            topology,
-            relay,
-            inbox: RemoteAddr { addr, rkey },
-            build,
+            rank: r.u32().ok_or_else(short)?,
+            world: r.u32().ok_or_else(short)?,
+            rails: r.u32().ok_or_else(short)?,
+            dtypes: r.u32().ok_or_else(short)?,
+            slot_bytes: r.u32().ok_or_else(short)?,
+            slots: r.u32().ok_or_else(short)?,
+            one_shot_max: r.u32().ok_or_else(short)?,
+            algorithm: r.u32().ok_or_else(short)?,
+            topology: topology_from(r.u8().ok_or_else(short)?)
+                .ok_or_else(|| bad("an unknown topology code"))?,
+            inbox: RemoteAddr {
+                addr: r.u64().ok_or_else(short)?,
+                rkey: r.u32().ok_or_else(short)?,
+            },
+            build: r.u32().ok_or_else(short)?,
+            relay: match r.u8().ok_or_else(short)? {
+                0 => Relay::Kernel,
+                1 => Relay::Ranks,
+                _ => return Err(bad("an unknown relay code")),
+            },
         })
     }
 
@@ -379,6 +380,28 @@ mod tests {
     fn digest_round_trips() {
         let d = digest(2);
         assert_eq!(Digest::decode(&d.encode(), 2, 0).unwrap(), d);
+    }
+
+    #[test]
+    fn digest_layout_is_fixed_and_truncations_are_refused() {
+        let d = digest(2);
+        let e = d.encode();
+        assert_eq!(e.len(), LEN);
+        assert_eq!(&e[..4], MAGIC);
+        assert_eq!(e[4..6], PROTOCOL_VERSION.to_le_bytes());
+        assert_eq!(e[6..10], 2u32.to_le_bytes());
+        assert_eq!(e[10..14], 3u32.to_le_bytes());
+        assert_eq!(e[38], 2, "mesh");
+        assert_eq!(e[39..47], 0x1234_5678_9abcu64.to_le_bytes());
+        assert_eq!(e[47..51], 77u32.to_le_bytes());
+        assert_eq!(e[51..55], build_hash().to_le_bytes());
+        assert_eq!(e[55], 0, "kernel relay");
+        for len in 0..LEN {
+            assert!(
+                Digest::decode(&e[..len], 2, 0).is_err(),
+                "{len} bytes decoded"
+            );
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! path the kernels of the hosts in between relay (IPv4 forwarding and host routes, as
 //! `tbrdma lab up` and `tbrdma setup --relay` set them): the ranks in between do nothing.
 //!
-//! Each end of such a connection is the rank's address on the cable to the first hop of its own
+//! Each end of such a connection (planned by [`crate::direct_ends`]) is the rank's address on the cable to the first hop of its own
 //! route to the other (`route`: the shorter way round, ties go up), so its datagrams leave by the
 //! interface the kernel routes them through. The pair uses the same port as neighbours,
 //! `port_base + lo·N + hi`, on the lower rank's end, and the same handshake, digest check and
@@ -15,11 +15,9 @@
 //! attempt (the lower rank is not listening yet) is retried until the communicator's timeout.
 //! While a rank waits, it keeps polling its other channels.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use tbrdma_netdev::hostfile::{Hostfile, TopologyKind};
-use tbrdma_netdev::setup::relay::ring_path;
 use tbrdma_verbs::{Listener, VerbsError, connect};
 
 use crate::comm::Communicator;
@@ -28,47 +26,6 @@ use crate::error::{CollError, Result};
 /// Longest a connection attempt (or the probe) over a routed path may stay unanswered before
 /// the path counts as broken.
 pub(crate) const PROBE: Duration = Duration::from_secs(3);
-
-/// The two ends of a direct connection, seen from this rank.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct DirectEnds {
-    /// This rank's address (on the cable to the first hop towards the peer).
-    pub local: Ipv4Addr,
-    /// The peer's address (on the cable to the first hop of its route back).
-    pub peer: Ipv4Addr,
-}
-
-/// Rank `a`'s address on the cable to the first hop of its route to `b`.
-fn end_address(hostfile: &Hostfile, a: usize, b: usize) -> Option<Ipv4Addr> {
-    let via = *ring_path(hostfile.ranks.len(), a, b).get(1)?;
-    hostfile.ranks[a]
-        .links
-        .iter()
-        .filter(|l| l.peer == via)
-        .min_by_key(|l| l.rail)
-        .map(|l| l.address)
-}
-
-/// The ends of a direct connection to every rank not `cabled` to `rank`, in a ring (elsewhere
-/// there is no route to relay along).
-pub(crate) fn plan_ends(
-    hostfile: &Hostfile,
-    rank: usize,
-    cabled: &[bool],
-) -> Vec<Option<DirectEnds>> {
-    let n = hostfile.ranks.len();
-    (0..n)
-        .map(|p| {
-            if p == rank || cabled[p] || hostfile.topology.kind != TopologyKind::Ring {
-                return None;
-            }
-            Some(DirectEnds {
-                local: end_address(hostfile, rank, p)?,
-                peer: end_address(hostfile, p, rank)?,
-            })
-        })
-        .collect()
-}
 
 /// Whether `target` answers within `bound`: a refusal counts, it came back over the path.
 fn probe_path(target: SocketAddr, bound: Duration) -> std::result::Result<(), String> {

@@ -1,4 +1,5 @@
-//! Element types, reduction operators and the reduction kernels over little-endian bytes.
+//! Element types and the reduction kernels over little-endian bytes (the operators are
+//! [`crate::reduce_op`]'s).
 //!
 //! Everything here works on byte slices, so buffers read out of registered memory need no
 //! typed view (and the crate no `unsafe`). 16-bit floats are widened to f32 for every
@@ -11,6 +12,7 @@ use std::str::FromStr;
 use half::{bf16, f16};
 
 use crate::half_float;
+use crate::reduce_op::ReduceOp;
 
 /// An element type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -107,63 +109,6 @@ impl FromStr for DType {
                     "unknown type {s:?} (f32 f64 f16 bf16 i8 u8 i32 i64)"
                 ));
             }
-        })
-    }
-}
-
-/// A reduction operator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ReduceOp {
-    /// Sum (wrapping for integers).
-    Sum,
-    /// Product (wrapping for integers).
-    Prod,
-    /// Minimum.
-    Min,
-    /// Maximum.
-    Max,
-    /// Sum divided by the number of ranks (truncating for integers).
-    Avg,
-}
-
-impl ReduceOp {
-    /// Every operator.
-    pub const ALL: [ReduceOp; 5] = [
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Min,
-        ReduceOp::Max,
-        ReduceOp::Avg,
-    ];
-
-    /// Name as the tools print it.
-    pub fn name(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Prod => "prod",
-            ReduceOp::Min => "min",
-            ReduceOp::Max => "max",
-            ReduceOp::Avg => "avg",
-        }
-    }
-}
-
-impl fmt::Display for ReduceOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for ReduceOp {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s.to_ascii_lowercase().as_str() {
-            "sum" => ReduceOp::Sum,
-            "prod" => ReduceOp::Prod,
-            "min" => ReduceOp::Min,
-            "max" => ReduceOp::Max,
-            "avg" | "mean" => ReduceOp::Avg,
-            _ => return Err(format!("unknown operator {s:?} (sum prod min max avg)")),
         })
     }
 }

@@ -19,7 +19,7 @@
 
 use multiversion::multiversion;
 
-use crate::dtype::ReduceOp;
+use crate::reduce_op::ReduceOp;
 
 /// The NaN every bf16 reduction that produces a NaN stores.
 pub(crate) const BF16_NAN: u16 = 0x7fc0;

@@ -7,8 +7,9 @@ use std::ops::Range;
 
 use crate::channel::{Fault, channel_to};
 use crate::comm::{Communicator, Step};
-use crate::dtype::{DType, Fold, ReduceOp, fold_ranks};
+use crate::dtype::{DType, Fold, fold_ranks};
 use crate::error::Result;
+use crate::reduce_op::ReduceOp;
 
 /// Byte range of chunk `c` of a buffer of `len` bytes cut in chunks of `chunk` bytes.
 fn chunk(c: usize, chunk: usize, len: usize) -> Range<usize> {

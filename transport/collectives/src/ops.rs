@@ -3,8 +3,9 @@
 
 use crate::comm::Communicator;
 use crate::config::{Algorithm, Relay};
-use crate::dtype::{DType, Element, ReduceOp};
+use crate::dtype::{DType, Element};
 use crate::error::{CollError, Result};
+use crate::reduce_op::ReduceOp;
 use crate::{oneshot, ring};
 use tbrdma_netdev::hostfile::TopologyKind;
 

@@ -12,8 +12,9 @@ use std::ops::Range;
 
 use crate::channel::channel_to;
 use crate::comm::{Communicator, Step};
-use crate::dtype::{DType, ReduceOp, combine, combine_into, finish_avg};
+use crate::dtype::{DType, combine, combine_into, finish_avg};
 use crate::error::Result;
+use crate::reduce_op::ReduceOp;
 
 /// Which part of the ring to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,8 @@
 //! # tbrdma-engine: the protocol core on real links
 //!
 //! Owns everything between the sans-IO protocol core and the kernel: the UDP socket bound to a
-//! link, the datagram backends ([`io`]: io_uring or plain sockets), the registered memory the
+//! link, the datagram backends ([`io`]: io_uring, plain sockets or `AF_PACKET` frames, and the
+//! user-space faulty cable over any of them), the registered memory the
 //! core places data into ([`memory`]), the kernel feature probe ([`probe`]) and the progress
 //! loop that drives connections ([`worker`]). It makes no protocol decision of its own.
 //!

@@ -14,6 +14,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+use crate::codec::{self, Put, SliceWriter};
 use crate::config::Config;
 use crate::connection::ConnectionState;
 use crate::memory::{Access, Region};
@@ -638,8 +639,9 @@ impl Harness {
         let own = *self.ep_ref(side).conn.params();
         let peer = *self.ep_ref(other(side)).conn.params();
         if flags & PATCH_ADDRESS != 0 {
-            d[8..16].copy_from_slice(&own.token.to_le_bytes());
-            d[16..20].copy_from_slice(&own.local_qpn.to_le_bytes());
+            let mut w = SliceWriter::new(&mut d[8..20]);
+            w.put_u64(own.token);
+            w.put_u32(own.local_qpn);
         }
         if flags & PATCH_PSNS != 0 {
             for (at, base) in psn_fields(d) {
@@ -652,9 +654,8 @@ impl Harness {
         {
             let keys = self.keys(side);
             let (key, addr) = keys[get_u32(d, at) as usize % keys.len()];
-            d[at..at + 4].copy_from_slice(&key.to_le_bytes());
-            let offset = u64::from_le_bytes(d[at + 8..at + 16].try_into().expect("8 bytes"));
-            d[at + 8..at + 16].copy_from_slice(&addr.wrapping_add(offset).to_le_bytes());
+            set_u32(d, at, key);
+            set_u64(d, at + 8, addr.wrapping_add(get_u64(d, at + 8)));
         }
         if flags & PATCH_CRC != 0 {
             wire::seal(d);
@@ -681,9 +682,9 @@ impl Harness {
             if let Some(index) = self.keys(side).iter().position(|&(k, _)| k == key) {
                 let addr = self.keys(side)[index].1;
                 flags |= PATCH_REMOTE;
-                d[at..at + 4].copy_from_slice(&(index as u32).to_le_bytes());
-                let value = u64::from_le_bytes(d[at + 8..at + 16].try_into().expect("8 bytes"));
-                d[at + 8..at + 16].copy_from_slice(&value.wrapping_sub(addr).to_le_bytes());
+                set_u32(&mut d, at, index as u32);
+                let value = get_u64(&d, at + 8);
+                set_u64(&mut d, at + 8, value.wrapping_sub(addr));
             }
         }
         d[CRC_RANGE].fill(0);
@@ -712,13 +713,26 @@ fn setup_regions(ep: &mut Endpoint) -> [Region; REGIONS] {
     regions
 }
 
+// Field access at offsets the callers found inside the datagram (a field past its end is a
+// bug in the harness, hence the panics).
 fn get_u32(d: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(d[at..at + 4].try_into().expect("4 bytes"))
+    codec::u32_at(d, at).expect("field inside the datagram")
+}
+
+fn get_u64(d: &[u8], at: usize) -> u64 {
+    codec::u64_at(d, at).expect("field inside the datagram")
+}
+
+fn set_u32(d: &mut [u8], at: usize, value: u32) {
+    SliceWriter::new(&mut d[at..]).put_u32(value);
+}
+
+fn set_u64(d: &mut [u8], at: usize, value: u64) {
+    SliceWriter::new(&mut d[at..]).put_u64(value);
 }
 
 fn add_u32(d: &mut [u8], at: usize, add: u32) {
-    let value = get_u32(d, at).wrapping_add(add);
-    d[at..at + 4].copy_from_slice(&value.to_le_bytes());
+    set_u32(d, at, get_u32(d, at).wrapping_add(add));
 }
 
 /// Where the PSN fields of a datagram towards an endpoint are, and whose stream each belongs

@@ -40,6 +40,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod codec;
 pub mod config;
 pub mod connection;
 pub mod memory;

@@ -13,10 +13,11 @@
 //! uses as many rails as the side with fewer has, pairing them in order.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use tbrdma_engine::worker::{NewConnection, random_u64};
+use tbrdma_proto::codec::{Put, Reader, SOCKET_ADDR_LEN, SliceWriter};
 use tbrdma_proto::connection::ConnectParams;
 use tbrdma_proto::{Config, ConnectionState, Event, Psn};
 
@@ -65,6 +66,7 @@ pub struct Connected {
     pub peer: SocketAddr,
 }
 
+#[derive(Debug, PartialEq, Eq)]
 struct Frame {
     kind: u8,
     data_addrs: Vec<SocketAddr>,
@@ -101,28 +103,31 @@ fn path_mismatch(ours: bool, theirs: bool) -> Option<String> {
 }
 
 fn write_frame(stream: &mut TcpStream, f: &Frame) -> std::io::Result<()> {
-    let mut body = Vec::with_capacity(48 + f.private.len());
-    body.extend_from_slice(MAGIC);
-    body.extend_from_slice(&VERSION.to_le_bytes());
-    body.push(f.kind);
-    body.push(f.data_addrs.len().min(MAX_RAILS) as u8);
-    for addr in f.data_addrs.iter().take(MAX_RAILS) {
-        let ip = match addr.ip() {
-            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-            IpAddr::V6(v6) => v6,
-        };
-        body.extend_from_slice(&ip.octets());
-        body.extend_from_slice(&addr.port().to_le_bytes());
-    }
-    body.extend_from_slice(&f.qp_num.to_le_bytes());
-    body.extend_from_slice(&f.max_datagram.to_le_bytes());
-    body.extend_from_slice(&f.token.to_le_bytes());
-    body.extend_from_slice(&(f.private.len() as u32).to_le_bytes());
-    body.extend_from_slice(&f.private);
-    body.push(u8::from(f.framed));
-    stream.write_all(&(body.len() as u32).to_le_bytes())?;
-    stream.write_all(&body)?;
+    stream.write_all(&encode_frame(f))?;
     stream.flush()
+}
+
+/// A frame as it goes on the stream: the body's length, then the body.
+fn encode_frame(f: &Frame) -> Vec<u8> {
+    let rails = &f.data_addrs[..f.data_addrs.len().min(MAX_RAILS)];
+    let mut out = Vec::with_capacity(4 + 48 + f.private.len());
+    out.put_u32(0); // The body's length, filled in below.
+    out.put_bytes(MAGIC);
+    out.put_u16(VERSION);
+    out.put_u8(f.kind);
+    out.put_u8(rails.len() as u8);
+    for &addr in rails {
+        out.put_socket_addr(addr);
+    }
+    out.put_u32(f.qp_num);
+    out.put_u32(f.max_datagram);
+    out.put_u64(f.token);
+    out.put_u32(f.private.len() as u32);
+    out.put_bytes(&f.private);
+    out.put_u8(u8::from(f.framed));
+    let body_len = (out.len() - 4) as u32;
+    SliceWriter::new(&mut out[..4]).put_u32(body_len);
+    out
 }
 
 fn read_frame(stream: &mut TcpStream, peer: &str) -> Result<Frame> {
@@ -135,51 +140,50 @@ fn read_frame(stream: &mut TcpStream, peer: &str) -> Result<Frame> {
         .read_exact(&mut len)
         .map_err(|e| bad(&format!("reading the setup message: {e}")))?;
     let len = u32::from_le_bytes(len) as usize;
-    if !(HEADER_LEN..=HEADER_LEN + 18 * (MAX_RAILS - 1) + MAX_PRIVATE + 1).contains(&len) {
+    if !(HEADER_LEN..=HEADER_LEN + SOCKET_ADDR_LEN * (MAX_RAILS - 1) + MAX_PRIVATE + 1)
+        .contains(&len)
+    {
         return Err(bad("not a tbrdma connection manager (bad frame length)"));
     }
     let mut body = vec![0u8; len];
     stream
         .read_exact(&mut body)
         .map_err(|e| bad(&format!("reading the setup message: {e}")))?;
-    if &body[0..4] != MAGIC {
-        return Err(bad("not a tbrdma connection manager (bad magic)"));
+    decode_frame(&body).map_err(|detail| bad(&detail))
+}
+
+/// Parses a frame body (everything after the length), whatever the peer sent: the error is
+/// the detail of a handshake failure.
+fn decode_frame(body: &[u8]) -> std::result::Result<Frame, String> {
+    let truncated = || "setup message truncated".to_string();
+    let mut r = Reader::new(body);
+    if r.bytes(MAGIC.len()) != Some(MAGIC) {
+        return Err("not a tbrdma connection manager (bad magic)".into());
     }
-    let version = u16::from_le_bytes([body[4], body[5]]);
+    let version = r.u16().ok_or_else(truncated)?;
     if version != VERSION {
-        return Err(bad(&format!(
+        return Err(format!(
             "peer speaks connection-manager version {version}, this build {VERSION}: use the same tbrdma version on both hosts"
-        )));
-    }
-    let kind = body[6];
-    let rails = usize::from(body[7]);
-    if rails == 0 || rails > MAX_RAILS {
-        return Err(bad("a setup message must list 1 to 8 rails"));
-    }
-    let fixed = 8 + 18 * rails;
-    if body.len() < fixed + 20 {
-        return Err(bad("setup message truncated"));
-    }
-    let mut data_addrs = Vec::with_capacity(rails);
-    for r in 0..rails {
-        let at = 8 + 18 * r;
-        let ip = Ipv6Addr::from(<[u8; 16]>::try_from(&body[at..at + 16]).expect("16 bytes"));
-        let ip = ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4);
-        data_addrs.push(SocketAddr::new(
-            ip,
-            u16::from_le_bytes([body[at + 16], body[at + 17]]),
         ));
     }
-    let field = |at: usize, n: usize| &body[fixed + at..fixed + at + n];
-    let qp_num = u32::from_le_bytes(field(0, 4).try_into().expect("4 bytes"));
-    let max_datagram = u32::from_le_bytes(field(4, 4).try_into().expect("4 bytes"));
-    let token = u64::from_le_bytes(field(8, 8).try_into().expect("8 bytes"));
-    let plen = u32::from_le_bytes(field(16, 4).try_into().expect("4 bytes")) as usize;
-    let private = body
-        .get(fixed + 20..fixed + 20 + plen)
-        .ok_or_else(|| bad("private data truncated"))?
+    let kind = r.u8().ok_or_else(truncated)?;
+    let rails = usize::from(r.u8().ok_or_else(truncated)?);
+    if rails == 0 || rails > MAX_RAILS {
+        return Err("a setup message must list 1 to 8 rails".into());
+    }
+    let data_addrs = (0..rails)
+        .map(|_| r.socket_addr())
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(truncated)?;
+    let qp_num = r.u32().ok_or_else(truncated)?;
+    let max_datagram = r.u32().ok_or_else(truncated)?;
+    let token = r.u64().ok_or_else(truncated)?;
+    let plen = r.u32().ok_or_else(truncated)? as usize;
+    let private = r
+        .bytes(plen)
+        .ok_or_else(|| "private data truncated".to_string())?
         .to_vec();
-    let framed = body.get(fixed + 20 + plen) == Some(&1);
+    let framed = r.u8() == Some(1);
     Ok(Frame {
         kind,
         data_addrs,
@@ -528,4 +532,60 @@ pub fn connect(
         peer_private_data: welcome.private,
         peer: welcome.data_addrs[0],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame() -> Frame {
+        Frame {
+            kind: 2,
+            data_addrs: vec![
+                "10.0.0.1:4791".parse().unwrap(),
+                "[fe80::2]:4792".parse().unwrap(),
+            ],
+            qp_num: 0x0102_0304,
+            max_datagram: 9000,
+            token: 0x1122_3344_5566_7788,
+            private: b"private".to_vec(),
+            framed: true,
+        }
+    }
+
+    #[test]
+    fn frames_round_trip_with_the_documented_layout() {
+        let f = frame();
+        let bytes = encode_frame(&f);
+        let body = &bytes[4..];
+        assert_eq!(
+            u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize,
+            body.len()
+        );
+        assert_eq!(
+            body.len(),
+            HEADER_LEN + SOCKET_ADDR_LEN + f.private.len() + 1
+        );
+        assert_eq!(&body[..8], b"tbCM\x01\x00\x02\x02");
+        // The first rail: an IPv4-mapped address, then the port.
+        assert_eq!(
+            &body[8..26],
+            &[
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1, 0xb7, 0x12
+            ]
+        );
+        assert_eq!(decode_frame(body), Ok(f));
+    }
+
+    #[test]
+    fn every_truncation_is_an_error_and_an_older_peer_means_udp() {
+        let bytes = encode_frame(&frame());
+        let body = &bytes[4..];
+        // Without the trailing byte: a frame from a build that predates the packet engine.
+        let old = decode_frame(&body[..body.len() - 1]).unwrap();
+        assert!(!old.framed);
+        for len in 0..body.len() - 1 {
+            assert!(decode_frame(&body[..len]).is_err(), "{len} bytes decoded");
+        }
+    }
 }

@@ -5,7 +5,8 @@
 //! `recvmmsg`) and [`packet`] (Ethernet frames through an `AF_PACKET` ring). [`open`] opens the
 //! one asked for and falls back to sockets when it is missing or denied (ENOSYS, EPERM:
 //! Docker's default seccomp profile; no `CAP_NET_RAW` for packet), logging why. They share the
-//! system-call plumbing in `sys` and the meaning of a failed send in `send_error`.
+//! system-call plumbing in `sys` and the meaning of a failed send in `send_error`; [`faults`]
+//! wraps any of them in a faulty cable for tests and soak runs.
 
 pub mod faults;
 pub mod packet;

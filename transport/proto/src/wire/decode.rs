@@ -3,12 +3,12 @@
 
 use thiserror::Error;
 
-use super::bytes::Reader;
 use super::opcode::{ErrorCode, NakCode, Opcode};
 use super::{
     COMMON_HEADER_LEN, Ext, Handshake, Header, KNOWN_FLAGS, MAGIC, MAX_SACK_BLOCKS, Remote,
     SackBlock, SackList, Segment, VERSION, crc_of,
 };
+use crate::codec::{Reader, u16_at, u32_at, u64_at};
 use crate::seq::Psn;
 
 /// Why a datagram was rejected. A rejected datagram has no effect on any connection.
@@ -260,15 +260,13 @@ pub fn peek_write_target(head: &[u8]) -> Option<WriteTarget> {
     if !matches!(opcode, Opcode::Write | Opcode::WriteWithImm) {
         return None;
     }
-    let u32_at = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().expect("4 bytes"));
-    let u64_at = |at: usize| u64::from_le_bytes(head[at..at + 8].try_into().expect("8 bytes"));
     // Offsets as `write_header` lays them out: the common header's queue pair number and
     // payload length, then the segment (first PSN, immediate, offset, message length) and the
     // remote buffer (rkey, 4 bytes of padding, address).
     Some(WriteTarget {
-        dest_qpn: u32_at(16),
-        rkey: u32_at(56),
-        addr: u64_at(64).wrapping_add(u64_at(40)),
-        payload_len: usize::from(u16::from_le_bytes([head[30], head[31]])),
+        dest_qpn: u32_at(head, 16)?,
+        rkey: u32_at(head, 56)?,
+        addr: u64_at(head, 64)?.wrapping_add(u64_at(head, 40)?),
+        payload_len: usize::from(u16_at(head, 30)?),
     })
 }

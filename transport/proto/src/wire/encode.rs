@@ -3,8 +3,8 @@
 //! where it lies (sent as a second part of a gathered datagram) is fed to [`seal_parts`]
 //! instead: the CRC on the wire is the same.
 
-use super::bytes::Writer;
 use super::{COMMON_HEADER_LEN, CRC_RANGE, Ext, Header, MAGIC, VERSION};
+use crate::codec::{Put, SliceWriter};
 
 /// CRC-32C (Castagnoli) of a datagram, skipping the CRC field itself.
 ///
@@ -34,7 +34,7 @@ pub fn crc_of_parts(header: &[u8], payload: impl FnOnce(&mut dyn FnMut(&[u8]))) 
 /// Writes the CRC of `datagram` (header, extension and payload, all in place) into its header.
 pub fn seal(datagram: &mut [u8]) {
     let crc = crc_of(datagram);
-    datagram[CRC_RANGE].copy_from_slice(&crc.to_le_bytes());
+    SliceWriter::new(&mut datagram[CRC_RANGE]).put_u32(crc);
 }
 
 /// Writes into `header` the CRC of the datagram made of `header` followed by the bytes
@@ -42,7 +42,7 @@ pub fn seal(datagram: &mut [u8]) {
 /// sent from where it lies, as a second part, instead of being copied behind the header.
 pub fn seal_parts(header: &mut [u8], payload: impl FnOnce(&mut dyn FnMut(&[u8]))) {
     let crc = crc_of_parts(header, payload);
-    header[CRC_RANGE].copy_from_slice(&crc.to_le_bytes());
+    SliceWriter::new(&mut header[CRC_RANGE]).put_u32(crc);
 }
 
 /// Writes the common and extension headers for a datagram with `payload_len` payload bytes
@@ -58,28 +58,28 @@ pub fn write_header(buf: &mut [u8], header: &Header, ext: &Ext, payload_len: usi
         _ => 0,
     };
     let payload_len = payload_len + sack_len;
-    let mut w = Writer::new(buf);
-    w.put(&MAGIC);
-    w.u8(VERSION);
-    w.u8(ext.opcode() as u8);
-    w.u32(0); // CRC, filled in by `seal`.
-    w.u64(header.token);
-    w.u32(header.dest_qpn);
-    w.u32(header.psn.0);
-    w.u32(header.ack_psn.0);
-    w.u16(header.flags);
-    w.u16(u16::try_from(payload_len).expect("payload length fits the 16-bit field"));
+    let mut w = SliceWriter::new(buf);
+    w.put_bytes(&MAGIC);
+    w.put_u8(VERSION);
+    w.put_u8(ext.opcode() as u8);
+    w.put_u32(0); // CRC, filled in by `seal`.
+    w.put_u64(header.token);
+    w.put_u32(header.dest_qpn);
+    w.put_u32(header.psn.0);
+    w.put_u32(header.ack_psn.0);
+    w.put_u16(header.flags);
+    w.put_u16(u16::try_from(payload_len).expect("payload length fits the 16-bit field"));
     debug_assert_eq!(w.position(), COMMON_HEADER_LEN);
-    let segment = |w: &mut Writer<'_>, s: &super::Segment| {
-        w.u32(s.msg_first_psn.0);
-        w.u32(s.imm_or_req);
-        w.u64(s.offset);
-        w.u64(s.msg_len);
+    let segment = |w: &mut SliceWriter<'_>, s: &super::Segment| {
+        w.put_u32(s.msg_first_psn.0);
+        w.put_u32(s.imm_or_req);
+        w.put_u64(s.offset);
+        w.put_u64(s.msg_len);
     };
-    let remote = |w: &mut Writer<'_>, r: &super::Remote| {
-        w.u32(r.rkey);
-        w.zeros(4);
-        w.u64(r.addr);
+    let remote = |w: &mut SliceWriter<'_>, r: &super::Remote| {
+        w.put_u32(r.rkey);
+        w.put_zeros(4);
+        w.put_u64(r.addr);
     };
     match ext {
         Ext::Send(s) | Ext::ReadResponse(s) => segment(&mut w, s),
@@ -89,12 +89,12 @@ pub fn write_header(buf: &mut [u8], header: &Header, ext: &Ext, payload_len: usi
         }
         Ext::ReadRequest { remote: r, len } => {
             remote(&mut w, r);
-            w.u64(*len);
+            w.put_u64(*len);
         }
         Ext::FetchAdd { remote: r, add } => {
             remote(&mut w, r);
-            w.u64(*add);
-            w.zeros(8);
+            w.put_u64(*add);
+            w.put_zeros(8);
         }
         Ext::CmpSwap {
             remote: r,
@@ -102,26 +102,26 @@ pub fn write_header(buf: &mut [u8], header: &Header, ext: &Ext, payload_len: usi
             swap,
         } => {
             remote(&mut w, r);
-            w.u64(*compare);
-            w.u64(*swap);
+            w.put_u64(*compare);
+            w.put_u64(*swap);
         }
         Ext::AtomicResponse { req_psn, original } => {
-            w.u32(req_psn.0);
-            w.zeros(4);
-            w.u64(*original);
+            w.put_u32(req_psn.0);
+            w.put_zeros(4);
+            w.put_u64(*original);
         }
         Ext::FatalNak { req_psn, code } => {
-            w.u32(req_psn.0);
-            w.u8(*code as u8);
-            w.zeros(3);
+            w.put_u32(req_psn.0);
+            w.put_u8(*code as u8);
+            w.put_zeros(3);
         }
         Ext::Ack { window, sacks } => {
-            w.u32(*window);
-            w.u8(sacks.as_slice().len() as u8);
-            w.zeros(3);
+            w.put_u32(*window);
+            w.put_u8(sacks.as_slice().len() as u8);
+            w.put_zeros(3);
             for block in sacks.as_slice() {
-                w.u32(block.start.0);
-                w.u32(block.end.0);
+                w.put_u32(block.start.0);
+                w.put_u32(block.end.0);
             }
         }
         Ext::Nak {
@@ -129,20 +129,20 @@ pub fn write_header(buf: &mut [u8], header: &Header, ext: &Ext, payload_len: usi
             code,
             rnr_delay_us,
         } => {
-            w.u32(psn.0);
-            w.u8(*code as u8);
-            w.zeros(3);
-            w.u32(*rnr_delay_us);
+            w.put_u32(psn.0);
+            w.put_u8(*code as u8);
+            w.put_zeros(3);
+            w.put_u32(*rnr_delay_us);
         }
         Ext::Connect(h) | Ext::Accept(h) => {
-            w.u32(h.src_qpn);
-            w.u32(h.initial_psn.0);
-            w.u32(h.max_payload);
-            w.u32(h.window);
+            w.put_u32(h.src_qpn);
+            w.put_u32(h.initial_psn.0);
+            w.put_u32(h.max_payload);
+            w.put_u32(h.window);
         }
         Ext::Close { reason } => {
-            w.u32(*reason);
-            w.zeros(4);
+            w.put_u32(*reason);
+            w.put_zeros(4);
         }
         Ext::KeepAlive => {}
     }
