@@ -3,6 +3,7 @@
 mod coll;
 mod demo;
 mod perf;
+mod soak;
 
 use std::process::ExitCode;
 
@@ -36,6 +37,8 @@ enum Command {
     Broadcast(coll::bench::BenchArgs),
     /// All-reduce cost of one tensor-parallel decode step, and the tokens/s it allows.
     TpBench(coll::tp_bench::TpBenchArgs),
+    /// Soak test: every operation and size, both ways, over a faulty cable, with a rail pulled and a peer killed.
+    Soak(soak::SoakArgs),
     #[command(flatten)]
     Netdev(tbrdma_netdev::cli::NetdevCommand),
 }
@@ -52,6 +55,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Reducescatter(args) => coll::bench::main(coll::bench::Kind::ReduceScatter, args),
         Command::Broadcast(args) => coll::bench::main(coll::bench::Kind::Broadcast, args),
         Command::TpBench(args) => coll::tp_bench::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Soak(args) => Ok(soak::main(args)),
         Command::Netdev(command) => tbrdma_netdev::cli::run(command).map(|()| ExitCode::SUCCESS),
     }
 }
