@@ -85,6 +85,12 @@ pub struct SoakArgs {
     /// Lab run: the fault plan of both processes (TBRDMA_FAULTS syntax; a seed is added).
     #[arg(long, value_name = "SPEC", default_value = DEFAULT_FAULTS)]
     pub faults: String,
+    /// Lab run: leave both rails up (to isolate a failure).
+    #[arg(long)]
+    pub no_pull: bool,
+    /// Lab run: do not kill the server (to isolate a failure).
+    #[arg(long)]
+    pub no_kill: bool,
     /// Lab run: the lab's name.
     #[arg(long, value_name = "NAME")]
     pub lab_name: Option<String>,

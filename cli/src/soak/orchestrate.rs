@@ -73,6 +73,8 @@ struct EngineResult {
     server: Option<Tally>,
     kill_to_error_ms: Option<u64>,
     bound_ms: u64,
+    killed: bool,
+    pulled: bool,
     problems: Vec<String>,
 }
 
@@ -274,6 +276,7 @@ impl Plan<'_> {
         let t0 = Instant::now();
         let (mut pulled, mut restored, mut killed) = (false, false, false);
         let mut kill_ms = 0;
+        let mut pull_ms = 0;
         let mut problems = Vec::new();
         let client_limit = Duration::from_secs_f64(self.secs + 90.0);
         let client_status = loop {
@@ -281,7 +284,8 @@ impl Plan<'_> {
                 break Some(status);
             }
             let t = t0.elapsed().as_secs_f64();
-            if !pulled && t >= pull_at {
+            if !pulled && !self.args.no_pull && t >= pull_at {
+                pull_ms = unix_ms();
                 self.rail(false)?;
                 pulled = true;
                 println!("   {t:.1} s: rail 2 pulled (client side, link down)");
@@ -291,7 +295,7 @@ impl Plan<'_> {
                 restored = true;
                 println!("   {t:.1} s: rail 2 restored");
             }
-            if !killed && t >= kill_at {
+            if !killed && !self.args.no_kill && t >= kill_at {
                 kill_ms = unix_ms();
                 let s = server.child();
                 s.kill().context("killing the server")?;
@@ -327,7 +331,7 @@ impl Plan<'_> {
         drop(client);
         drop(server);
         let client = self.report(&format!("{engine}-client"));
-        let server = self.report(&format!("{engine}-server2"));
+        let server = self.report(&format!("{engine}-server{}", if killed { 2 } else { 1 }));
         for (who, status) in [("client", client_status), ("server", server_status)] {
             if let Some(s) = status
                 && !s.success()
@@ -360,7 +364,25 @@ impl Plan<'_> {
                 problems.push(format!("no fault was injected in the {who}"));
             }
         }
-        if let Some(c) = &client {
+        if let Some(c) = &client
+            && pulled
+        {
+            let end = if killed { kill_ms } else { u64::MAX };
+            for f in c
+                .failures
+                .iter()
+                .filter(|f| (pull_ms..end).contains(&f.at_unix_ms))
+            {
+                problems.push(format!(
+                    "a session failed ({}) {} ms after rail 2 was pulled: connections must carry on over the other rail",
+                    f.first,
+                    f.at_unix_ms - pull_ms
+                ));
+            }
+        }
+        if let Some(c) = &client
+            && killed
+        {
             bound_ms = c.retry_budget_ms.max(c.idle_timeout_ms);
             kill_to_error_ms = c
                 .failures
@@ -387,6 +409,8 @@ impl Plan<'_> {
             server,
             kill_to_error_ms,
             bound_ms,
+            killed,
+            pulled,
             problems,
         })
     }
@@ -442,7 +466,8 @@ fn print_result(r: &EngineResult) {
             "   server kill: client's first error {ms} ms later (bound {} ms + {BOUND_SLACK_MS} ms slack)",
             r.bound_ms
         ),
-        None => println!("   server kill: no error seen by the client"),
+        None if r.killed => println!("   server kill: no error seen by the client"),
+        None => {}
     }
     if r.problems.is_empty() {
         println!("   {}: PASS", r.engine);
@@ -456,7 +481,8 @@ fn result_json(r: &EngineResult) -> serde_json::Value {
         "engine": r.engine,
         "passed": r.problems.is_empty(),
         "problems": r.problems,
-        "killed_and_restarted": true,
+        "killed_and_restarted": r.killed,
+        "rail_pulled": r.pulled,
         "kill_to_error_ms": r.kill_to_error_ms,
         "bound_ms": r.bound_ms,
         "client": r.client,

@@ -74,8 +74,10 @@ struct Run {
     tally: Tally,
     scratch: Scratch,
     started: Instant,
+    /// The warm-up: memory is read this long after the first session started.
     warm_after: Duration,
     warm_taken: bool,
+    first_session: Option<Instant>,
     last_sample: Instant,
     is_server: bool,
     /// The client's end of measuring.
@@ -131,6 +133,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
         started: Instant::now(),
         warm_after: Duration::ZERO,
         warm_taken: false,
+        first_session: None,
         last_sample: Instant::now(),
         is_server: args.serve,
         deadline: None,
@@ -365,6 +368,7 @@ fn drive(session: &mut Session, run: &mut Run) -> Outcome {
     let drain_for = Duration::from_millis(run.tally.retry_budget_ms + run.tally.idle_timeout_ms)
         + Duration::from_secs(2);
     let session_started = Instant::now();
+    run.first_session.get_or_insert(session_started);
     loop {
         let now = Instant::now();
         sample_memory(run, now);
@@ -479,7 +483,12 @@ fn sample_memory(run: &mut Run, now: Instant) {
     run.last_sample = now;
     let m = Memory::now();
     run.tally.memory_peak = run.tally.memory_peak.max(m);
-    if !run.warm_taken && !run.warm_after.is_zero() && run.started.elapsed() >= run.warm_after {
+    if !run.warm_taken
+        && !run.warm_after.is_zero()
+        && run
+            .first_session
+            .is_some_and(|t| now.duration_since(t) >= run.warm_after)
+    {
         run.warm_taken = true;
         run.tally.memory_warm = m;
     }
