@@ -288,12 +288,14 @@ impl Plan<'_> {
                 pull_ms = unix_ms();
                 self.rail(false)?;
                 pulled = true;
-                println!("   {t:.1} s: rail 2 pulled (client side, link down)");
+                let done = t0.elapsed().as_secs_f64();
+                println!("   {t:.1} s: rail 2 pulled (client side, link down; `ip` done at {done:.1} s)");
             }
             if pulled && !restored && t >= pull_at + pull_for {
                 self.rail(true)?;
                 restored = true;
-                println!("   {t:.1} s: rail 2 restored");
+                let done = t0.elapsed().as_secs_f64();
+                println!("   {t:.1} s: rail 2 restored (`ip` done at {done:.1} s)");
             }
             if !killed && !self.args.no_kill && t >= kill_at {
                 kill_ms = unix_ms();
