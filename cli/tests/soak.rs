@@ -88,3 +88,78 @@ fn a_short_soak_checks_every_byte_through_a_rail_pull_and_a_server_restart() {
     assert_eq!(client["memory_flat"], true, "{client}");
     assert!(num(client, &["memory_end", "rss_kib"]) > 0, "{client}");
 }
+
+/// The two roles as a user runs them on two hosts, here both on loopback (no root): each
+/// process impairs what it receives, and both must check every byte and end cleanly.
+#[test]
+fn the_two_roles_check_every_byte_both_ways_over_a_faulty_loopback() {
+    let port = (18_600 + std::process::id() % 300).to_string();
+    let faults = "seed=5,drop=2%,dup=1%,corrupt=1%,reorder=2%";
+    let server = Command::new(TBRDMA)
+        .args(["soak", "--serve", "--bind", "127.0.0.1", "--port", &port])
+        .env("TBRDMA_FAULTS", faults)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let client = Command::new(TBRDMA)
+        .args([
+            "soak",
+            "127.0.0.1",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "--seconds",
+            "3",
+            "--qps",
+            "2",
+            "--seed",
+            "42",
+        ])
+        .env("TBRDMA_FAULTS", faults.replace("seed=5", "seed=6"))
+        .output()
+        .expect("run the client");
+    let server = server.wait_with_output().expect("server output");
+    let report = |out: &std::process::Output, who: &str| -> Value {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{who} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+            .lines()
+            .find_map(|l| serde_json::from_str::<Value>(l).ok())
+            .unwrap_or_else(|| panic!("{who}: no JSON line:\n{stdout}"))
+    };
+    let (client, server) = (report(&client, "client"), report(&server, "server"));
+    for side in [&client, &server] {
+        assert!(num(side, &["operations"]) > 0, "{side}");
+        assert!(num(side, &["bytes_verified"]) > 0, "{side}");
+        assert_eq!(num(side, &["bytes_wrong"]), 0, "{side}");
+        assert_eq!(side["finished"], true, "{side}");
+        assert!(num(side, &["faults", "dropped"]) > 0, "{side}");
+        assert_eq!(num(side, &["qps"]), 2, "{side}");
+    }
+    assert_eq!(num(&client, &["seed"]), 42);
+    assert_eq!(
+        num(&server, &["seed"]),
+        42,
+        "the server takes the client's seed"
+    );
+    // Both directions carried each kind of operation.
+    for side in [&client, &server] {
+        for op in [
+            "write",
+            "write_imm",
+            "read",
+            "read_back",
+            "send",
+            "fetch_add",
+            "cmp_swap",
+        ] {
+            assert!(num(side, &["ops", op]) > 0, "{op}: {side}");
+        }
+    }
+}

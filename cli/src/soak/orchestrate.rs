@@ -289,7 +289,9 @@ impl Plan<'_> {
                 self.rail(false)?;
                 pulled = true;
                 let done = t0.elapsed().as_secs_f64();
-                println!("   {t:.1} s: rail 2 pulled (client side, link down; `ip` done at {done:.1} s)");
+                println!(
+                    "   {t:.1} s: rail 2 pulled (client side, link down; `ip` done at {done:.1} s)"
+                );
             }
             if pulled && !restored && t >= pull_at + pull_for {
                 self.rail(true)?;

@@ -527,3 +527,44 @@ impl Lane {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_cover_every_class_from_one_byte_to_one_mebibyte() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let sizes: Vec<usize> = (0..5000).map(|_| size_in_class(&mut rng)).collect();
+        assert!(sizes.iter().all(|&s| (1..=MAX_MSG).contains(&s)));
+        for (lo, hi) in CLASSES {
+            assert!(sizes.iter().any(|s| (lo..=hi).contains(s)), "{lo}..={hi}");
+        }
+        // Both sides derive a message's length from its lane and number alone.
+        assert_eq!(send_len(2, 77), send_len(2, 77));
+        assert!((0..64).any(|seq| send_len(0, seq) != send_len(1, seq)));
+    }
+
+    #[test]
+    fn a_check_counts_every_wrong_or_missing_byte() {
+        let mut tally = Tally::default();
+        let mut reported = 0;
+        check(b"abcd", b"abcd", "same", &mut tally, &mut reported);
+        assert_eq!((tally.bytes_verified, tally.bytes_wrong), (4, 0));
+        check(b"abXd", b"abcd", "one", &mut tally, &mut reported);
+        assert_eq!((tally.bytes_verified, tally.bytes_wrong), (7, 1));
+        check(b"ab", b"abcd", "short", &mut tally, &mut reported);
+        assert_eq!((tally.bytes_verified, tally.bytes_wrong), (9, 3));
+        assert_eq!(reported, 2);
+    }
+
+    #[test]
+    fn work_request_ids_name_their_lane() {
+        for lane in [0usize, 1, 15] {
+            for kind in [WR_OP, WR_RECV, WR_DONE] {
+                let id = kind | ((lane as u64) << WR_LANE_SHIFT) | (12345 & WR_LOW);
+                assert_eq!(lane_of(id), lane);
+            }
+        }
+    }
+}
