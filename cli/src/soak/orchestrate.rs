@@ -85,6 +85,9 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<ExitCode> {
             "the lab run needs root (it builds two network namespaces); without root, run the two roles yourself: `tbrdma soak --serve --bind IP` on one host, `tbrdma soak IP --bind IP2` on the other"
         );
     }
+    // Ctrl-C (which the roles in the lab also receive) ends the run early, the lab removed.
+    crate::perf::session::install_ctrl_c();
+    crate::perf::session::start_measuring();
     tbrdma_verbs::faults::FaultPlan::parse(&args.faults)
         .map_err(|e| anyhow::anyhow!("--faults: {e}"))?;
     let name = args
@@ -277,6 +280,9 @@ impl Plan<'_> {
         let (mut pulled, mut restored, mut killed) = (false, false, false);
         let mut kill_ms = 0;
         let mut pull_ms = 0;
+        // When `ip link set down` returned: taking a veth down waits for the kernel, which took
+        // up to 7 s on a loaded 2-core host, so the cable stays out `pull_for` from then.
+        let mut pulled_done = 0.0;
         let mut problems = Vec::new();
         let client_limit = Duration::from_secs_f64(self.secs + 90.0);
         let client_status = loop {
@@ -288,16 +294,16 @@ impl Plan<'_> {
                 pull_ms = unix_ms();
                 self.rail(false)?;
                 pulled = true;
-                let done = t0.elapsed().as_secs_f64();
+                pulled_done = t0.elapsed().as_secs_f64();
                 println!(
-                    "   {t:.1} s: rail 2 pulled (client side, link down; `ip` done at {done:.1} s)"
+                    "   {t:.1} s: rail 2 pulled (client side, link down; `ip` returned at {pulled_done:.1} s)"
                 );
             }
-            if pulled && !restored && t >= pull_at + pull_for {
+            if pulled && !restored && t >= pulled_done + pull_for {
                 self.rail(true)?;
                 restored = true;
                 let done = t0.elapsed().as_secs_f64();
-                println!("   {t:.1} s: rail 2 restored (`ip` done at {done:.1} s)");
+                println!("   {t:.1} s: rail 2 restored (`ip` returned at {done:.1} s)");
             }
             if !killed && !self.args.no_kill && t >= kill_at {
                 kill_ms = unix_ms();
@@ -307,6 +313,9 @@ impl Plan<'_> {
                 killed = true;
                 println!("   {t:.1} s: server killed (SIGKILL), restarting it");
                 server = Reaper(Some(self.server(2)?));
+            }
+            if crate::perf::session::interrupted() {
+                bail!("interrupted by Ctrl-C");
             }
             if t0.elapsed() > client_limit {
                 problems.push(format!(
@@ -355,6 +364,11 @@ impl Plan<'_> {
             }
             if !t.memory_flat {
                 problems.push(format!("the {who}'s memory grew"));
+            }
+            if let Some(n) = t.errors.get("not_flushed_in_time") {
+                problems.push(format!(
+                    "the {who}'s failed sessions left requests or receives without a completion past the bound ({n} times; see its log)"
+                ));
             }
             if t.operations == 0 {
                 problems.push(format!("the {who} completed no operation"));

@@ -431,6 +431,14 @@ fn drive(session: &mut Session, run: &mut Run) -> Outcome {
                     run.tally.role,
                     since.elapsed()
                 );
+                if since.elapsed() > drain_for {
+                    // The documented bound says every request and receive of a failed
+                    // connection completes within this: name what did not.
+                    run.tally.error("not_flushed_in_time");
+                    for lane in session.lanes.iter().filter(|l| !l.quiet()) {
+                        eprintln!("soak {}: NOT FLUSHED: {}", run.tally.role, lane.describe());
+                    }
+                }
                 return Outcome::Failed;
             }
             Some(_) => {}

@@ -250,6 +250,20 @@ impl Lane {
         self.pending.is_none() && (!self.errored || self.recv_posted == 0)
     }
 
+    /// What is still outstanding, for the log: `lane 2: errored, Read in flight, 1 receive`.
+    pub fn describe(&self) -> String {
+        let pending = match self.pending {
+            Some(p) => format!("{p:?} in flight"),
+            None => "nothing in flight".into(),
+        };
+        format!(
+            "lane {}: {}{pending}, {} receives posted",
+            self.index,
+            if self.errored { "errored, " } else { "" },
+            self.recv_posted
+        )
+    }
+
     /// Both DONEs exchanged and nothing in flight.
     pub fn finished(&self) -> bool {
         self.done_acked && self.done_received && self.pending.is_none()
