@@ -57,7 +57,7 @@ pub struct Tally {
     pub memory_end: Memory,
     /// Largest reading.
     pub memory_peak: Memory,
-    /// Whether the end is within 10 % + 8 MiB of the warm reading.
+    /// Whether the end is within 10 % + 8 MiB (RSS) and 1 % (VmLck) of the warm reading.
     pub memory_flat: bool,
     /// What the user-space faulty cable did in this process.
     pub faults: BTreeMap<String, u64>,
