@@ -88,8 +88,9 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<ExitCode> {
     // Ctrl-C (which the roles in the lab also receive) ends the run early, the lab removed.
     crate::perf::session::install_ctrl_c();
     crate::perf::session::start_measuring();
-    tbrdma_verbs::faults::FaultPlan::parse(&args.faults)
+    let plan = tbrdma_verbs::faults::FaultPlan::parse(&args.faults)
         .map_err(|e| anyhow::anyhow!("--faults: {e}"))?;
+    let faulty = plan.drop + plan.duplicate + plan.corrupt + plan.reorder > 0.0;
     let name = args
         .lab_name
         .clone()
@@ -141,6 +142,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<ExitCode> {
             client_addrs: &client_addrs,
             logs: &logs,
             args,
+            faulty,
         };
         let result = plan.run()?;
         print_result(&result);
@@ -171,6 +173,8 @@ struct Plan<'a> {
     client_addrs: &'a [String],
     logs: &'a Path,
     args: &'a SoakArgs,
+    /// Whether the fault plan asks for any loss, duplicate, corruption or reordering.
+    faulty: bool,
 }
 
 impl Plan<'_> {
@@ -373,7 +377,8 @@ impl Plan<'_> {
             if t.operations == 0 {
                 problems.push(format!("the {who} completed no operation"));
             }
-            if t.faults.get("seen").copied().unwrap_or(0) > 0
+            if self.faulty
+                && t.faults.get("seen").copied().unwrap_or(0) > 0
                 && t.faults
                     .iter()
                     .filter(|(k, _)| *k != "seen")
