@@ -6,6 +6,7 @@ mod doctor;
 mod install;
 mod perf;
 mod report;
+mod soak;
 
 use std::process::ExitCode;
 
@@ -49,6 +50,8 @@ enum Command {
         /// The library to load.
         path: String,
     },
+    /// Soak test: every operation and size, both ways, over a faulty cable, with a rail pulled and a peer killed.
+    Soak(soak::SoakArgs),
     #[command(flatten)]
     Netdev(tbrdma_netdev::cli::NetdevCommand),
 }
@@ -68,6 +71,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Report(args) => report::run(args).map(|()| ExitCode::SUCCESS),
         Command::Install(args) => install::run(args).map(|()| ExitCode::SUCCESS),
         Command::NcclProbe { path } => doctor::nccl_probe::run(&path).map(|()| ExitCode::SUCCESS),
+        Command::Soak(args) => Ok(soak::main(args)),
         Command::Netdev(command) => {
             tbrdma_netdev::cli::run(command, Some(&doctor::CliProbes)).map(|()| ExitCode::SUCCESS)
         }

@@ -12,7 +12,7 @@ pub mod options;
 pub mod pattern;
 pub mod pingpong;
 mod report;
-mod session;
+pub(crate) mod session;
 mod stats;
 
 use std::process::ExitCode;
