@@ -142,6 +142,9 @@ pub(crate) struct State {
     arenas: Vec<Arena>,
     /// Outstanding requests naming each region, per protection domain.
     region_users: HashMap<(usize, RegionId), usize>,
+    /// Regions whose keys were revoked while requests still named them: their bytes go when
+    /// the last of those requests completes (or its queue pair goes).
+    revoked: rustc_hash::FxHashSet<(usize, RegionId)>,
     /// Connections by local queue pair number.
     conns: HashMap<u32, Slot>,
     /// Counters.
@@ -209,6 +212,7 @@ impl State {
         State {
             arenas: Vec::new(),
             region_users: HashMap::default(),
+            revoked: Default::default(),
             conns: HashMap::default(),
             stats: EngineStats::default(),
             next_qpn: first_qpn,
@@ -458,7 +462,10 @@ impl State {
                 self.region_users.remove(&key);
                 Ok(())
             }
-            users => Err(users),
+            users => {
+                self.revoked.insert(key);
+                Err(users)
+            }
         }
     }
 
@@ -614,10 +621,12 @@ impl State {
         let mut sent = false;
         let mut deadline: Option<Time> = None;
         let mut acks_held = false;
+        let mut unused = Vec::new();
         let State {
             conns,
             arenas,
             region_users,
+            revoked,
             tx,
             gather_from,
             landing,
@@ -694,7 +703,7 @@ impl State {
                         (&slot.recv_cq, &mut slot.rq_regions)
                     }
                 };
-                release_completed(region_users, slot.pd, regions);
+                unused.extend(release_completed(region_users, slot.pd, regions));
                 cq.push(Completion {
                     wc,
                     qp_num: slot.conn.params().local_qpn,
@@ -708,8 +717,36 @@ impl State {
             }
             acks_held |= slot.conn.ack_held();
         }
-        // Dropped queue pairs whose CLOSE is now in the batch leave the table.
-        conns.retain(|_, slot| !slot.detached);
+        // Dropped queue pairs whose CLOSE is now in the batch leave the table, and their
+        // requests that never completed stop counting as users of their regions (else the
+        // regions stay pinned for good: `deregister` would only ever revoke them).
+        conns.retain(|_, slot| {
+            if !slot.detached {
+                return true;
+            }
+            while !slot.sq_regions.is_empty() {
+                unused.extend(release_completed(
+                    region_users,
+                    slot.pd,
+                    &mut slot.sq_regions,
+                ));
+            }
+            while !slot.rq_regions.is_empty() {
+                unused.extend(release_completed(
+                    region_users,
+                    slot.pd,
+                    &mut slot.rq_regions,
+                ));
+            }
+            false
+        });
+        // A revoked region no request names any more is forgotten (and so unpinned) now.
+        for key in unused {
+            if revoked.remove(&key) {
+                arenas[key.0].deregister(key.1);
+                region_users.remove(&key);
+            }
+        }
         if landing
             .as_ref()
             .is_some_and(|l| !conns.contains_key(&l.qpn))
@@ -776,14 +813,14 @@ fn record_post(
 }
 
 /// The oldest outstanding request of the queue whose posted regions are `posted` completed:
-/// its region has one user fewer.
+/// its region has one user fewer. Returns the region when that was its last user.
 fn release_completed(
     users: &mut HashMap<(usize, RegionId), usize>,
     pd: usize,
     posted: &mut VecDeque<Option<RegionId>>,
-) {
-    let region = posted.pop_front().flatten();
-    if let Some(n) = region.and_then(|r| users.get_mut(&(pd, r))) {
-        *n = n.saturating_sub(1);
-    }
+) -> Option<(usize, RegionId)> {
+    let region = posted.pop_front().flatten()?;
+    let n = users.get_mut(&(pd, region))?;
+    *n = n.saturating_sub(1);
+    (*n == 0).then_some((pd, region))
 }

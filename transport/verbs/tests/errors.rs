@@ -393,3 +393,39 @@ fn a_peer_on_the_other_kind_of_data_path_is_refused_naming_the_fix() {
         );
     }
 }
+
+/// A queue pair dropped with receives still posted (thread progress: the engine removes it
+/// once its CLOSE is out) no longer counts as a user of their region: it can be deregistered,
+/// and so unpinned. Before, every such receive kept its region pinned for good.
+#[test]
+fn a_dropped_queue_pair_lets_go_of_the_regions_its_receives_named() {
+    let thread = DeviceConfig {
+        engine: EngineConfig {
+            progress: Progress::Thread,
+            engine: EngineKind::Sockets,
+            ..Default::default()
+        },
+        port: 0,
+    };
+    let common::Pair {
+        server_dev: _server_dev,
+        server,
+        server_cq: _server_cq,
+        target,
+        client_dev: _client_dev,
+        client: _client,
+        client_cq: _client_cq,
+        src: _src,
+    } = common::pair(thread, 1 << 20, 4096, 16);
+    server
+        .qp
+        .post_recv(&[RecvWr {
+            wr_id: 1,
+            local: target.sge(0, 1 << 20),
+        }])
+        .unwrap();
+    drop(server);
+    target
+        .deregister(Duration::from_secs(5))
+        .expect("no request of a dropped queue pair still uses the region");
+}
