@@ -6,23 +6,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tbrdma_netdev::hostfile::Hostfile;
-use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
-
-/// Removes the lab however the demo ends.
-struct LabGuard(String);
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        match lab::down(&self.0) {
-            Ok(_) => println!("\nlab {} removed", self.0),
-            Err(e) => eprintln!(
-                "removing lab {}: {e} (run `tbrdma lab down --name {}`)",
-                self.0, self.0
-            ),
-        }
-    }
-}
 
 fn tbrdma_in(lab: &str, rank: usize, args: &[String]) -> anyhow::Result<Command> {
     let exe = std::env::current_exe().context("finding the tbrdma binary")?;
@@ -89,17 +72,7 @@ pub fn run() -> anyhow::Result<()> {
     println!(
         "tbrdma demo: two hosts as network namespaces, joined by two virtual cables (veth, MTU 65520)"
     );
-    let options = LabOptions {
-        name: name.clone(),
-        ranks: 2,
-        topology: LabTopology::Pair,
-        rails: 2,
-        mtu: 65520,
-        force: false,
-    };
-    let path = lab::up(&options).context("building the lab")?;
-    let _guard = LabGuard(name.clone());
-    let hostfile = Hostfile::load(&path)?;
+    let (_guard, hostfile) = crate::lab_pair::up(&name)?;
     let addr = |rank: usize, rail: u32| {
         hostfile.ranks[rank]
             .links
@@ -108,7 +81,10 @@ pub fn run() -> anyhow::Result<()> {
             .map(|l| l.address.to_string())
             .unwrap_or_default()
     };
-    println!("lab {name}: hostfile {}", path.display());
+    println!(
+        "lab {name}: hostfile {}",
+        tbrdma_netdev::lab::hostfile_path(&name).display()
+    );
     println!("   rank 0 cables: {} and {}", addr(0, 0), addr(0, 1));
     println!("   rank 1 cables: {} and {}", addr(1, 0), addr(1, 1));
     let (s0, c0) = (addr(0, 0), addr(1, 0));

@@ -4,6 +4,7 @@ mod coll;
 mod demo;
 mod doctor;
 mod install;
+mod lab_pair;
 mod perf;
 mod report;
 mod soak;

@@ -138,22 +138,28 @@ pub fn open_device(
         vec![name]
     };
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    open_rails(&names, args.engine, args.progress)
+}
+
+/// Opens a device over the links `names` (cable 1 first) with the engine and progress asked.
+pub fn open_rails(
+    names: &[&str],
+    engine: EngineArg,
+    progress: ProgressArg,
+) -> anyhow::Result<Device> {
     let engine = EngineConfig {
-        engine: match args.engine {
+        engine: match engine {
             EngineArg::Uring => EngineKind::Uring,
             EngineArg::Sockets => EngineKind::Sockets,
             EngineArg::Packet => EngineKind::Packet,
         },
-        progress: match args.progress {
+        progress: match progress {
             ProgressArg::Caller => Progress::Caller,
             ProgressArg::Thread => Progress::Thread,
         },
         ..EngineConfig::default()
     };
-    Ok(Device::open_rails(
-        &names,
-        DeviceConfig { engine, port: 0 },
-    )?)
+    Ok(Device::open_rails(names, DeviceConfig { engine, port: 0 })?)
 }
 
 /// The engine actually running, for stderr: `uring, caller progress` (and why not io_uring).

@@ -13,8 +13,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use tbrdma_netdev::hostfile::Hostfile;
-use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
+use tbrdma_netdev::lab;
 
 use super::SoakArgs;
 use super::report::{Tally, unix_ms};
@@ -24,21 +23,6 @@ use crate::perf::options::EngineArg;
 /// completion when its poll loop next runs, on a host whose two cores the two soak processes
 /// (and whatever else runs) share.
 const BOUND_SLACK_MS: u64 = 1000;
-
-/// Removes the lab however the run ends.
-struct LabGuard(String);
-
-impl Drop for LabGuard {
-    fn drop(&mut self) {
-        match lab::down(&self.0) {
-            Ok(_) => eprintln!("lab {} removed", self.0),
-            Err(e) => eprintln!(
-                "removing lab {}: {e} (run `tbrdma lab down --name {}`)",
-                self.0, self.0
-            ),
-        }
-    }
-}
 
 /// Kills a process that is still running when the run ends early.
 struct Reaper(Option<Child>);
@@ -95,17 +79,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<ExitCode> {
         .lab_name
         .clone()
         .unwrap_or_else(|| format!("soak{}", std::process::id() % 10_000));
-    let options = LabOptions {
-        name: name.clone(),
-        ranks: 2,
-        topology: LabTopology::Pair,
-        rails: 2,
-        mtu: 65520,
-        force: false,
-    };
-    let path = lab::up(&options).context("building the lab")?;
-    let _guard = LabGuard(name.clone());
-    let hostfile = Hostfile::load(&path)?;
+    let (_guard, hostfile) = crate::lab_pair::up(&name)?;
     let addrs = |rank: usize| -> Vec<String> {
         (0..2)
             .map(|rail| {

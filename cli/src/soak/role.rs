@@ -14,15 +14,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use serde::{Deserialize, Serialize};
 use tbrdma_verbs::{
-    Completion, CompletionQueue, Config, Device, DeviceConfig, EngineConfig, EngineKind, Listener,
-    Progress, ProtectionDomain, QpOptions, WcStatus, connect,
+    Completion, CompletionQueue, Config, Device, Listener, ProtectionDomain, QpOptions, WcStatus,
+    connect,
 };
 
 use super::SoakArgs;
 use super::memory::Memory;
 use super::report::{Failure, Tally, injected_faults, unix_ms};
 use super::workload::{Lane, RECVS, Scratch, lane_of};
-use crate::perf::options::{EngineArg, ProgressArg};
 use crate::perf::session::{self, Remote};
 
 /// What each side of a connection announces in its private data.
@@ -90,22 +89,7 @@ fn device(args: &SoakArgs) -> anyhow::Result<Device> {
     if names.is_empty() {
         bail!("--bind ADDR[,ADDR2] is required: the local address of each rail, cable 1 first");
     }
-    let engine = EngineConfig {
-        engine: match args.engine {
-            EngineArg::Uring => EngineKind::Uring,
-            EngineArg::Sockets => EngineKind::Sockets,
-            EngineArg::Packet => EngineKind::Packet,
-        },
-        progress: match args.progress {
-            ProgressArg::Caller => Progress::Caller,
-            ProgressArg::Thread => Progress::Thread,
-        },
-        ..EngineConfig::default()
-    };
-    Ok(Device::open_rails(
-        &names,
-        DeviceConfig { engine, port: 0 },
-    )?)
+    crate::perf::session::open_rails(&names, args.engine, args.progress)
 }
 
 /// Runs one role; prints the human summary on stderr and the JSON line on stdout. Fails when a
