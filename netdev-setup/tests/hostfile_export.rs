@@ -4,38 +4,14 @@
 
 use std::process::Command;
 
-use tbrdma_netdev::addressing::cable_addresses;
+use tbrdma_netdev::hostfile::Hostfile;
 use tbrdma_netdev::hostfile::export::{environment, mlx_hostfile};
-use tbrdma_netdev::hostfile::{HostRecord, Hostfile, RecordLink};
+
+mod common;
 
 /// Hosts `uuids` cabled along `edges`, `rails` cables each (as discovery would record them).
 fn cluster(uuids: &[&str], edges: &[(usize, usize)], rails: u32) -> Hostfile {
-    let mut records: Vec<HostRecord> = uuids
-        .iter()
-        .map(|u| HostRecord {
-            uuid: (*u).into(),
-            name: format!("host-{u}"),
-            aliases: Vec::new(),
-            links: Vec::new(),
-        })
-        .collect();
-    for &(a, b) in edges {
-        for rail in 0..rails {
-            for (from, to) in [(a, b), (b, a)] {
-                let addresses = cable_addresses(uuids[from], uuids[to], rail);
-                let interface = format!("thunderbolt{}", records[from].links.len());
-                records[from].links.push(RecordLink {
-                    interface,
-                    address: addresses.local,
-                    prefix_len: 30,
-                    peer_uuid: uuids[to].into(),
-                    peer_address: addresses.peer,
-                    rail,
-                });
-            }
-        }
-    }
-    Hostfile::from_records(&records).expect("a cluster")
+    Hostfile::from_records(&common::records::records(uuids, edges, rails)).expect("a cluster")
 }
 
 fn ips(entry: &serde_json::Value) -> Vec<String> {

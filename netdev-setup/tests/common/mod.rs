@@ -3,3 +3,4 @@
 
 pub mod fake_sysfs;
 pub mod lab_guard;
+pub mod records;
