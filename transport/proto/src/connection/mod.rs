@@ -922,6 +922,8 @@ impl Connection {
         if self.tx.on_sent(psn, now, &mut self.timers) {
             self.stats.retransmits += 1;
         }
+        self.paths
+            .record_sent(psn, self.last_path, self.tx.snd_una());
         self.ack
             .on_piggybacked(self.rx.has_sacks(), &mut self.timers);
         Some(built)
@@ -933,9 +935,9 @@ impl Connection {
             TimeoutAction::Retransmit => {
                 self.stats.timeouts += 1;
                 // Blame the path that carried the oldest lost packet; the others carry on.
-                let oldest = self.tx.snd_una();
-                let path = self.paths.for_packet(oldest, self.tx.is_striped(oldest));
-                self.paths.mark_down(path, now, &mut self.timers);
+                if let Some(path) = self.paths.sent_path(self.tx.snd_una()) {
+                    self.paths.mark_down(path, now, &mut self.timers);
+                }
             }
             TimeoutAction::Probe => {
                 self.stats.timeouts += 1;
@@ -999,6 +1001,7 @@ impl Connection {
             });
         }
         self.tx.clear(&mut self.timers);
+        self.paths.forget_sent();
         self.rx.clear();
         self.ack.clear();
         self.control.keepalive = false;

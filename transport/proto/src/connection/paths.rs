@@ -4,12 +4,17 @@
 //!
 //! Policy: the packets of a multi-packet message are striped round-robin (by PSN) over the
 //! paths that are up; everything else takes the first path that is up. A retransmission
-//! timeout marks the path of the oldest unacknowledged packet down (never the last one), so the
-//! retransmission and what follows go over the others. A path that is down is probed with a
+//! timeout marks down the path the oldest unacknowledged packet last went out on (never the
+//! last one up), so the retransmission and what follows go over the others. Which path that
+//! was is recorded when it is sent ([`SentOn`]): the up-set may have changed since, and
+//! recomputing the path from the PSN would then blame a rail that never carried it (a
+//! random loss on the live rail, while another rail was pulled, once made the connection
+//! blame the live rail again and again until it gave up). A path that is down is probed with a
 //! keep-alive every [`crate::Config::path_probe_interval`]; the peer answers on the path the probe came in on, and any
 //! datagram that arrives on a path marks it up again. The earliest probe due is the connection's
 //! [`Timer::PathProbe`], which the methods that change it keep up to date.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::timer::{Timer, TimerTable};
@@ -26,6 +31,51 @@ pub(super) struct Paths {
     pub failovers: u64,
     /// How often a path that is down is probed.
     probe_interval: Duration,
+    /// The path each unacknowledged sequenced packet last went out on.
+    sent_on: SentOn,
+}
+
+/// The path of each sequenced packet from the oldest unacknowledged one to the newest sent:
+/// one entry per packet in flight, so bounded by the window the sender honours.
+#[derive(Debug, Default)]
+struct SentOn {
+    /// PSN of the first entry.
+    base: Psn,
+    paths: VecDeque<u16>,
+}
+
+impl SentOn {
+    /// Drops the entries of packets before `snd_una` (acknowledged).
+    fn trim(&mut self, snd_una: Psn) {
+        let acked = snd_una.diff(self.base);
+        if acked < 0 || acked as usize >= self.paths.len() {
+            // Everything acknowledged (or a base from before a reset): start afresh.
+            self.paths.clear();
+            self.base = snd_una;
+            return;
+        }
+        self.paths.drain(..acked as usize);
+        self.base = snd_una;
+    }
+
+    fn record(&mut self, psn: Psn, path: u16, snd_una: Psn) {
+        self.trim(snd_una);
+        let Ok(index) = usize::try_from(psn.diff(self.base)) else {
+            return;
+        };
+        if let Some(slot) = self.paths.get_mut(index) {
+            *slot = path;
+        } else {
+            // PSNs go out in order the first time, so this is the next one; should a gap
+            // ever appear, its packets are counted as sent on this path too.
+            self.paths.resize(index + 1, path);
+        }
+    }
+
+    fn get(&self, psn: Psn) -> Option<usize> {
+        let index = usize::try_from(psn.diff(self.base)).ok()?;
+        self.paths.get(index).map(|&p| usize::from(p))
+    }
 }
 
 impl Paths {
@@ -36,6 +86,7 @@ impl Paths {
             sent: vec![0],
             failovers: 0,
             probe_interval,
+            sent_on: SentOn::default(),
         }
     }
 
@@ -77,6 +128,24 @@ impl Paths {
             .filter(|(_, u)| **u)
             .nth(nth)
             .map_or(0, |(i, _)| i)
+    }
+
+    /// Records that the sequenced packet `psn` went out on `path` (`snd_una`: the oldest
+    /// packet not acknowledged, so that acknowledged entries are dropped).
+    pub fn record_sent(&mut self, psn: Psn, path: usize, snd_una: Psn) {
+        let path = u16::try_from(path).unwrap_or(u16::MAX);
+        self.sent_on.record(psn, path, snd_una);
+    }
+
+    /// The path the sequenced packet `psn` last went out on, if it is still unacknowledged
+    /// and was sent.
+    pub fn sent_path(&self, psn: Psn) -> Option<usize> {
+        self.sent_on.get(psn)
+    }
+
+    /// Forgets every packet's path (nothing is outstanding any more).
+    pub fn forget_sent(&mut self) {
+        self.sent_on = SentOn::default();
     }
 
     /// Declares `path` down unless it is the last one up; returns whether it did.

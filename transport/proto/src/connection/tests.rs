@@ -1608,3 +1608,49 @@ fn a_message_longer_than_the_sequence_space_allows_is_refused_at_post() {
         .unwrap_err();
     assert!(err.to_string().contains("2^30 packets"), "{err}");
 }
+
+#[test]
+fn a_pulled_rail_under_random_loss_fails_over_without_giving_up() {
+    // Random loss on the live rail must not be blamed on it for good: the connection keeps
+    // going on the rail that works, whichever rail a lost packet went over.
+    for seed in 0..20 {
+        let link = LinkConfig {
+            loss: 0.02,
+            duplicate: 0.01,
+            ..LinkConfig::default()
+        };
+        let mut p = Pair::with_rails(
+            PairConfig {
+                seed,
+                link,
+                ..PairConfig::default()
+            },
+            2,
+        );
+        let src = p.a.mem.alloc(8 << 20, Access::LOCAL_WRITE);
+        let dst = p.b.mem.alloc(8 << 20, RW);
+        let data = pattern(8 << 20, 6);
+        p.a.mem.fill(&src, 0, &data);
+        for i in 0..8u64 {
+            let wr = SendWr {
+                wr_id: i,
+                local: sge(&src, i << 20, 1 << 20),
+                op: SendOp::Write {
+                    remote: remote(&dst, i << 20),
+                },
+            };
+            p.a.post_send(wr).unwrap();
+        }
+        p.drive_until(STEPS, |p| p.rail_stats(1).sent > 20);
+        let now = p.now;
+        p.rail_config_mut(1).outages.push((now, None));
+        assert!(p.drive(STEPS), "seed {seed}: did not settle");
+        let wcs = p.a.take_completions();
+        assert!(
+            wcs.iter().all(|w| w.status == WcStatus::Success),
+            "seed {seed}: {wcs:?}"
+        );
+        assert_eq!(wcs.len(), 8, "seed {seed}");
+        assert!(p.b.mem.bytes(&dst, 0, 8 << 20) == &data[..], "seed {seed}");
+    }
+}
