@@ -366,6 +366,10 @@ impl Memory for Arena {
         }
     }
 
+    fn has_bytes(&self, region: RegionId) -> bool {
+        self.buffer(region).is_some()
+    }
+
     fn write(&mut self, region: RegionId, offset: u64, data: &[u8]) {
         if let Some(Some(buffer)) = self.buffers.get(region.0 as usize) {
             let offset = offset as usize;

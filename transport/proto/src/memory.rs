@@ -278,6 +278,10 @@ pub trait Memory {
     fn read(&self, region: RegionId, offset: u64, out: &mut [u8]);
     /// Copies `data` into `region` at `offset`.
     fn write(&mut self, region: RegionId, offset: u64, data: &[u8]);
+    /// Whether the bytes of `region` are still there. They may outlive its keys (requests
+    /// that name a deregistered region keep it), but once they are gone, [`Self::read`]
+    /// copies nothing and [`Self::with_bytes`] lends nothing.
+    fn has_bytes(&self, region: RegionId) -> bool;
     /// Lends the `len` bytes of `region` at `offset` to `f`, in place where the implementation
     /// can (the engine's pinned mappings), so that the core can checksum a payload that is sent
     /// from where it lies without copying it. `f` may be called several times with consecutive

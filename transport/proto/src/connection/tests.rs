@@ -1654,3 +1654,63 @@ fn a_pulled_rail_under_random_loss_fails_over_without_giving_up() {
         assert!(p.b.mem.bytes(&dst, 0, 8 << 20) == &data[..], "seed {seed}");
     }
 }
+
+#[test]
+fn a_read_response_resent_after_its_region_went_never_carries_other_bytes() {
+    // The responder's application frees the region a READ is reading from while the
+    // response is in flight, and the response is lost: the resent packets must not carry
+    // whatever happens to be in the transmit buffer. The READ fails, or returns exactly
+    // the region's bytes, never anything else.
+    for seed in 0..8 {
+        let mut p = Pair::new(PairConfig {
+            seed,
+            ..PairConfig::default()
+        });
+        let src = p.b.mem.alloc(150_000, RW);
+        let dst = p.a.mem.alloc(150_000, Access::LOCAL_WRITE);
+        let data = pattern(150_000, 3);
+        p.b.mem.fill(&src, 0, &data);
+        // An earlier, unrelated transfer leaves its bytes in b's transmit buffers.
+        let other = p.b.mem.alloc(150_000, Access::LOCAL_WRITE);
+        let other_dst = p.a.mem.alloc(150_000, RW);
+        p.b.mem.fill(&other, 0, &pattern(150_000, 99));
+        p.b.post_send(SendWr {
+            wr_id: 1,
+            local: sge(&other, 0, 150_000),
+            op: SendOp::Write {
+                remote: remote(&other_dst, 0),
+            },
+        })
+        .unwrap();
+        assert!(p.drive(STEPS));
+        p.b.take_completions();
+        // Everything sent from just after the request (so the first response) is lost.
+        let now = p.now;
+        p.link_config_mut().outages.push((
+            now + Duration::from_micros(1),
+            Some(now + Duration::from_millis(3)),
+        ));
+        p.a.post_send(SendWr {
+            wr_id: 5,
+            local: sge(&dst, 0, 150_000),
+            op: SendOp::Read {
+                remote: remote(&src, 0),
+            },
+        })
+        .unwrap();
+        let sent_before = p.b.conn.stats().packets_sent;
+        p.drive_until(STEPS, |p| p.b.conn.stats().packets_sent > sent_before);
+        p.b.mem.free(&src);
+        p.drive(STEPS);
+        let wc = only(p.a.take_completions());
+        assert_eq!(wc.wr_id, 5);
+        if wc.status == WcStatus::Success {
+            assert!(
+                p.a.mem.bytes(&dst, 0, 150_000) == &data[..],
+                "seed {seed}: a successful READ returned bytes that were not the region's"
+            );
+        } else {
+            assert_eq!(wc.status, WcStatus::RemoteAccess, "seed {seed}");
+        }
+    }
+}

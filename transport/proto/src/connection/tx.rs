@@ -396,6 +396,19 @@ impl TxStream {
                 Ext::WriteWithImm(segment(len, imm), remote)
             }
             OutKind::ReadResponse {
+                source: Some(s),
+                req_psn,
+                ..
+            } if !mem.has_bytes(s.region) => {
+                // The application let the region go while its bytes were on their way (a
+                // resend after a loss): refuse the READ rather than send whatever the buffer
+                // holds. The requester fails the request with a remote access error.
+                Ext::FatalNak {
+                    req_psn,
+                    code: ErrorCode::RemoteAccess,
+                }
+            }
+            OutKind::ReadResponse {
                 source: s,
                 len,
                 req_psn,
@@ -435,7 +448,14 @@ impl TxStream {
                 });
                 return (header_len, Some(payload));
             }
-            mem.read(payload.region, payload.offset, &mut buf[header_len..end]);
+            let payload_bytes = &mut buf[header_len..end];
+            if !mem.has_bytes(payload.region) {
+                // A request's bytes stay until it completes (the engine keeps a region a
+                // request names), so this does not happen; should it, the datagram carries
+                // zeros, never an earlier datagram's bytes.
+                payload_bytes.fill(0);
+            }
+            mem.read(payload.region, payload.offset, payload_bytes);
         }
         wire::seal(&mut buf[..end]);
         (end, None)

@@ -47,6 +47,15 @@ impl SimMemory {
         let _ = self.table.deregister(region.id);
     }
 
+    /// Deregisters a region and lets its bytes go, as the engine does once no request of the
+    /// application names it: reads of it copy nothing from then on.
+    pub fn free(&mut self, region: &Region) {
+        self.deregister(region);
+        if let Some(slot) = self.buffers.get_mut(region.id.0 as usize) {
+            *slot = None;
+        }
+    }
+
     /// Copies `data` into `region` at `offset` (as the application would).
     pub fn fill(&mut self, region: &Region, offset: usize, data: &[u8]) {
         let buf = self.buffers[region.id.0 as usize]
@@ -83,8 +92,18 @@ impl Memory for SimMemory {
 
     fn read(&self, region: RegionId, offset: u64, out: &mut [u8]) {
         let buf = self.buffer(region);
+        if buf.is_empty() {
+            // Freed: like the engine's memory, copy nothing.
+            return;
+        }
         let start = offset as usize;
         out.copy_from_slice(&buf[start..start + out.len()]);
+    }
+
+    fn has_bytes(&self, region: RegionId) -> bool {
+        self.buffers
+            .get(region.0 as usize)
+            .is_some_and(Option::is_some)
     }
 
     fn write(&mut self, region: RegionId, offset: u64, data: &[u8]) {
