@@ -429,3 +429,52 @@ fn a_dropped_queue_pair_lets_go_of_the_regions_its_receives_named() {
         .deregister(Duration::from_secs(5))
         .expect("no request of a dropped queue pair still uses the region");
 }
+
+/// A receive posted on a queue pair that has already failed completes as flushed, in caller
+/// mode too, where posting a receive runs no transmit pass: nothing else happens on the engine,
+/// so the flushed completion must not wait for other traffic (before, it waited for ever).
+#[test]
+fn a_receive_posted_after_the_connection_failed_is_flushed() {
+    let common::Pair {
+        server_dev: _server_dev,
+        server,
+        server_cq: _server_cq,
+        target: _target,
+        client_dev: _client_dev,
+        client,
+        client_cq,
+        src,
+    } = common::pair(common::caller(), 4096, 4096, 16);
+    // The server goes: its CLOSE fails the client's queue pair.
+    drop(server);
+    let mut wcs = [Completion::default(); 4];
+    let mut polls = 0u64;
+    while client.qp.state() != ConnectionState::Error {
+        client_cq.poll(&mut wcs).unwrap();
+        polls += 1;
+        assert!(polls < 50_000_000, "the client never saw the CLOSE");
+        std::thread::yield_now();
+    }
+    // Drain what the failure itself produced.
+    while client_cq.poll(&mut wcs).unwrap() > 0 {}
+    client
+        .qp
+        .post_recv(&[RecvWr {
+            wr_id: 77,
+            local: src.sge(0, 4096),
+        }])
+        .unwrap();
+    let mut polls = 0u64;
+    let wc = loop {
+        if client_cq.poll(&mut wcs).unwrap() > 0 {
+            break wcs[0];
+        }
+        polls += 1;
+        assert!(
+            polls < 1_000_000,
+            "the receive posted after the failure never completed"
+        );
+    };
+    assert_eq!(wc.wc.wr_id, 77);
+    assert_eq!(wc.wc.status, WcStatus::Flushed);
+}
