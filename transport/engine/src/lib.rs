@@ -11,6 +11,7 @@
 
 mod config;
 pub mod cq;
+mod failure;
 pub mod io;
 mod keeper;
 pub mod memory;

@@ -26,6 +26,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use tbrdma_proto::Time;
 
 use crate::config::{EngineConfig, Progress};
+use crate::failure::Failure;
 use crate::io::faults::{FaultPlan, FaultyIo};
 use crate::io::{DatagramIo, EngineKind, open as open_io};
 use crate::keeper::Keeper;
@@ -45,6 +46,9 @@ pub(crate) struct Shared {
     progress: Progress,
     /// Caller mode: the keeper's alarm and the application's last poll.
     keeper: Keeper,
+    /// Whether a panic failed the engine (every section that changes the state runs
+    /// through it).
+    failure: Failure,
 }
 
 impl Shared {
@@ -59,6 +63,7 @@ impl Shared {
             epoch: Instant::now(),
             progress: config.progress,
             keeper: Keeper::new(config.progress == Progress::Caller, config.keeper_period)?,
+            failure: Failure::default(),
         })
     }
 
@@ -69,10 +74,29 @@ impl Shared {
 
     /// Locks the shared state (registrations, connection setup, statistics).
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        let mut state = self.state.lock().expect("engine state lock");
+        let mut state = self.lock_quiet();
         // Whoever locks may change what there is to send.
         state.mark_dirty();
         state
+    }
+
+    /// Locks the shared state for the loop itself (which leaves it clean). A lock poisoned by
+    /// a panic that was not contained fails the engine (see `failure.rs`) instead of
+    /// panicking here too.
+    fn lock_quiet(&self) -> MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(state) => state,
+            Err(poisoned) => {
+                // A panic that was not contained (see `failure.rs`) left the state
+                // half-changed: the engine fails rather than every later call panicking.
+                let mut state = poisoned.into_inner();
+                let _ = self.failure.fail(
+                    &mut state,
+                    "a panic while the engine's state was locked".into(),
+                );
+                state
+            }
+        }
     }
 
     /// Runs `f` on the state, then makes sure whatever it queued gets sent: at once in caller
@@ -80,19 +104,23 @@ impl Shared {
     pub(crate) fn post<R>(&self, f: impl FnOnce(&mut State, Time) -> R) -> io::Result<R> {
         match self.progress {
             Progress::Caller => {
-                let mut io = self.io.lock().expect("io lock");
+                let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
                 let mut state = self.lock();
                 let now = self.now();
-                let result = f(&mut state, now);
-                if let Some(rails) = io.as_mut() {
-                    state.flush(rails, now)?;
-                }
-                Ok(result)
+                self.failure.contain(&mut state, |state| {
+                    let result = f(state, now);
+                    if let Some(rails) = io.as_mut() {
+                        state.flush(rails, now)?;
+                    }
+                    Ok(result)
+                })
             }
             Progress::Thread => {
                 let result = {
                     let mut state = self.lock();
-                    f(&mut state, self.now())
+                    let now = self.now();
+                    self.failure
+                        .contain(&mut state, |state| Ok(f(state, now)))?
                 };
                 if self.sleeping.load(Ordering::SeqCst) {
                     let _ = self.wake.write(1);
@@ -112,7 +140,8 @@ impl Shared {
     ) -> io::Result<R> {
         if quiet && self.progress == Progress::Caller {
             let mut state = self.lock();
-            return Ok(f(&mut state, self.now()));
+            let now = self.now();
+            return self.failure.contain(&mut state, |state| Ok(f(state, now)));
         }
         self.post(f)
     }
@@ -150,6 +179,12 @@ impl Shared {
     /// Returns whether some may still be held: their datagram could not go out, or another
     /// thread was using the backends (and may leave without polling).
     fn flush_held_acks(&self) -> io::Result<bool> {
+        if self.failure.is_failed() {
+            // Nothing to send ever again: park for good (under the lock, as below).
+            let _state = self.lock_quiet();
+            self.keeper.park();
+            return Ok(false);
+        }
         let mut ran = false;
         let held = self.with_rails(|state, rails, now| {
             ran = true;
@@ -179,8 +214,10 @@ impl Shared {
         let Some(rails) = io.as_mut() else {
             return Ok(false);
         };
-        let mut state = self.state.lock().expect("engine state lock");
-        f(&mut state, rails, self.now())
+        let mut state = self.lock_quiet();
+        let now = self.now();
+        self.failure
+            .contain(&mut state, |state| f(state, rails, now))
     }
 }
 
@@ -199,7 +236,7 @@ pub(crate) fn launch(
     match config.progress {
         Progress::Caller => {
             let (rails, kind, fallback) = open_rails(config, sockets, false)?;
-            *shared.io.lock().expect("io lock") = Some(rails);
+            *shared.io.lock().unwrap_or_else(|e| e.into_inner()) = Some(rails);
             let keeper_shared = Arc::clone(shared);
             let keeper = std::thread::Builder::new()
                 .name("tbrdma-keeper".into())
@@ -276,7 +313,7 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
         }
     }
     let mut last_busy = Instant::now();
-    while !shared.stop.load(Ordering::Relaxed) {
+    while !shared.stop.load(Ordering::Relaxed) && !shared.failure.is_failed() {
         let busy = run_locked(&shared, &mut rails);
         if busy {
             last_busy = Instant::now();
@@ -290,20 +327,12 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
         // either seen now or wakes the sleep through the eventfd.
         shared.sleeping.store(true, Ordering::SeqCst);
         if !run_locked(&shared, &mut rails) {
-            let deadline = shared
-                .state
-                .lock()
-                .expect("engine state lock")
-                .next_deadline();
+            let deadline = shared.lock_quiet().next_deadline();
             let now = shared.now();
             let timeout = deadline
                 .map_or(config.max_sleep, |d| d.saturating_since(now))
                 .min(config.max_sleep);
-            shared
-                .state
-                .lock()
-                .expect("engine state lock")
-                .count_sleep();
+            shared.lock_quiet().count_sleep();
             // With several rails the sleep watches rail 0 only, so it is kept short.
             let timeout = if rails.len() > 1 {
                 timeout.min(Duration::from_millis(1))
@@ -322,8 +351,11 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
 
 fn run_locked(shared: &Shared, rails: &mut [Box<dyn DatagramIo>]) -> bool {
     let now = shared.now();
-    let mut state = shared.state.lock().expect("engine state lock");
-    match state.run_once(rails, now) {
+    let mut state = shared.lock_quiet();
+    match shared
+        .failure
+        .contain(&mut state, |state| state.run_once(rails, now))
+    {
         Ok(busy) => busy,
         Err(e) => {
             tracing::error!("engine I/O failed: {e}");

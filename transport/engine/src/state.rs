@@ -687,31 +687,14 @@ impl State {
                     first.move_last_to(&mut others[path - 1]);
                 }
             }
-            while let Some(wc) = slot.conn.poll_completion() {
-                let (cq, regions) = match wc.queue {
-                    Queue::Send => (&slot.send_cq, &mut slot.sq_regions),
-                    Queue::Recv => {
-                        slot.recv_completions += 1;
-                        // The application has not seen this completion yet: its landing
-                        // zone may be where the write went.
-                        if landing
-                            .as_ref()
-                            .is_some_and(|l| l.qpn == slot.conn.params().local_qpn)
-                        {
-                            end_loan(landing, arenas, *landing_pd);
-                        }
-                        (&slot.recv_cq, &mut slot.rq_regions)
-                    }
-                };
-                unused.extend(release_completed(region_users, slot.pd, regions));
-                cq.push(Completion {
-                    wc,
-                    qp_num: slot.conn.params().local_qpn,
-                });
-            }
-            while let Some(event) = slot.conn.poll_event() {
-                slot.events.push(event);
-            }
+            route_completions(
+                slot,
+                landing,
+                arenas,
+                *landing_pd,
+                region_users,
+                &mut unused,
+            );
             if let Some(t) = slot.conn.poll_timeout() {
                 deadline = Some(deadline.map_or(t, |d| d.min(t)));
             }
@@ -767,6 +750,80 @@ impl State {
     /// The earliest connection deadline.
     pub(crate) fn next_deadline(&self) -> Option<Time> {
         self.next_deadline
+    }
+
+    /// The engine failed (see `failure.rs`): every connection is abandoned, its outstanding
+    /// requests and posted receives completing as flushed on their completion queues, and
+    /// nothing more is sent or received.
+    pub(crate) fn abandon(&mut self) {
+        let mut unused = Vec::new();
+        let State {
+            conns,
+            arenas,
+            region_users,
+            revoked,
+            landing,
+            landing_pd,
+            ..
+        } = self;
+        for slot in conns.values_mut() {
+            slot.conn.abandon();
+            route_completions(
+                slot,
+                landing,
+                arenas,
+                *landing_pd,
+                region_users,
+                &mut unused,
+            );
+        }
+        for key in unused {
+            if revoked.remove(&key) {
+                arenas[key.0].deregister(key.1);
+                region_users.remove(&key);
+            }
+        }
+        end_loan(landing, arenas, *landing_pd);
+        self.next_deadline = None;
+        self.acks_held = false;
+        self.dirty = false;
+    }
+}
+
+/// Hands `slot`'s new completions to its completion queues (releasing the regions they name:
+/// revoked ones no request names any more go into `unused`) and keeps its new events.
+fn route_completions(
+    slot: &mut Slot,
+    landing: &mut Option<Landing>,
+    arenas: &mut [Arena],
+    landing_pd: usize,
+    region_users: &mut HashMap<(usize, RegionId), usize>,
+    unused: &mut Vec<(usize, RegionId)>,
+) {
+    while let Some(wc) = slot.conn.poll_completion() {
+        let (cq, regions) = match wc.queue {
+            Queue::Send => (&slot.send_cq, &mut slot.sq_regions),
+            Queue::Recv => {
+                slot.recv_completions += 1;
+                // The application has not seen this completion yet: its landing zone may be
+                // where the write went.
+                if landing
+                    .as_ref()
+                    .is_some_and(|l| l.qpn == slot.conn.params().local_qpn)
+                {
+                    end_loan(landing, arenas, landing_pd);
+                }
+                (&slot.recv_cq, &mut slot.rq_regions)
+            }
+        };
+        unused.extend(release_completed(region_users, slot.pd, regions));
+        cq.push(Completion {
+            wc,
+            qp_num: slot.conn.params().local_qpn,
+        });
+    }
+    while let Some(event) = slot.conn.poll_event() {
+        slot.events.push(event);
     }
 }
 

@@ -63,6 +63,10 @@ pub struct FaultPlan {
     pub outages: Vec<(Duration, Duration)>,
     /// The rails impaired (`None`: all of them).
     pub rails: Option<Vec<usize>>,
+    /// Not a cable fault: the engine's code panics on receiving this many datagrams on a rail,
+    /// so that tests can check that a bug in the engine becomes error completions and errors,
+    /// never a hang or an abort.
+    pub panic_after: Option<u64>,
 }
 
 impl FaultPlan {
@@ -75,6 +79,8 @@ impl FaultPlan {
     /// - `outage=START+LENGTH`: no datagram arrives for LENGTH (at most 60 s) from START (at
     ///   most an hour) after the rail opened; may repeat;
     /// - `rails=0` or `rails=0;1`: only these rails;
+    /// - `panic_after=N`: the engine panics on the N-th datagram a rail receives (a test of
+    ///   how an engine bug is contained, not a cable fault);
     /// - `seed`: a number (default 1).
     ///
     /// An unknown key or a bad value is an error naming it.
@@ -119,10 +125,13 @@ impl FaultPlan {
                         .map_err(|e| bad(format!("{e}")))?;
                     plan.rails = Some(rails);
                 }
+                "panic_after" => {
+                    plan.panic_after = Some(value.parse().map_err(|e| bad(format!("{e}")))?);
+                }
                 other => {
                     return Err(format!(
                         "{FAULTS_ENV}: unknown key {other:?} (known: seed, drop, dup, corrupt, \
-                         reorder, reorder_by, delay, outage, rails)"
+                         reorder, reorder_by, delay, outage, rails, panic_after)"
                     ));
                 }
             }
@@ -278,6 +287,8 @@ struct Faults {
     held: BinaryHeap<Reverse<Held>>,
     held_bytes: usize,
     next_seq: u64,
+    /// Datagrams this rail received (for [`FaultPlan::panic_after`]).
+    received: u64,
 }
 
 impl FaultyIo {
@@ -294,6 +305,7 @@ impl FaultyIo {
                 held: BinaryHeap::new(),
                 held_bytes: 0,
                 next_seq: 0,
+                received: 0,
             },
         }
     }
@@ -390,6 +402,13 @@ impl Faults {
         now: Instant,
         deliver: &mut dyn FnMut(&[u8], SocketAddr),
     ) -> usize {
+        self.received += 1;
+        if self.plan.panic_after == Some(self.received) {
+            panic!(
+                "panic injected by {FAULTS_ENV} (panic_after={})",
+                self.received
+            );
+        }
         let fate = self.fate(now);
         if fate.lost {
             return 0;

@@ -100,6 +100,10 @@ pub enum ConnectionError {
     /// We refused one of the peer's requests.
     #[error("refused a request from the peer: {0:?}")]
     PeerRequestRefused(ErrorCode),
+    /// The host's own transport failed (a bug in the engine): nothing more can be done on
+    /// this connection.
+    #[error("this host's transport engine failed")]
+    EngineFailed,
 }
 
 /// Something the application may want to know about the connection itself.
@@ -456,6 +460,14 @@ impl Connection {
         self.timers.stop_all();
         self.control.close = true;
         self.events.push_back(Event::Closed);
+    }
+
+    /// Gives up on the connection because the engine driving it failed: every outstanding
+    /// request and posted receive is flushed, nothing more is sent (no CLOSE: the engine
+    /// that would send it is what failed), and the connection enters the error state.
+    pub fn abandon(&mut self) {
+        self.fail(None, ConnectionError::EngineFailed);
+        self.control = Default::default();
     }
 
     /// The next work completion, in post order per queue.
