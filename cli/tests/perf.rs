@@ -446,6 +446,43 @@ fn bw_with_rails_uses_both_cables_to_the_peer() {
     assert!(err.contains("2 rails"), "{err}");
 }
 
+/// The packet engine sends its frames only to the peer's own Ethernet address, on every rail:
+/// never to the broadcast address, where every host on a shared segment would see the payload.
+/// Rail 1 is the case that broadcast before: the side channel runs over rail 0 only, so
+/// nothing had made the kernel resolve the peer's address on rail 1, and every frame there went
+/// to ff:ff:ff:ff:ff:ff. Counted by nftables on each cable's egress; skips without nft.
+#[test]
+fn the_packet_engine_never_broadcasts_a_frame() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Err(why) = tbrdma_tests::nftables_available() {
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let Some(lab) = Lab::up("nb", 2, LabTopology::Pair, 2) else {
+        return;
+    };
+    if let Err(why) = lab.watch_frames() {
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let args = [
+        "--engine", "packet", "--rails", "--size", "1048576", "--iters", "20", "--verify", "--json",
+    ];
+    let out = pair(&lab, "bw", &args);
+    let line = &json_lines(&out)[0];
+    if line["engine"].as_str() != Some("packet") {
+        eprintln!("skipping: the packet engine is not available here: {line}");
+        return;
+    }
+    check_bandwidth(line, "write", 1 << 20, Some(20));
+    let (frames, broadcast) = lab.frames_sent();
+    assert!(frames > 40, "the watch saw the run's frames: {frames}");
+    assert_eq!(
+        broadcast, 0,
+        "{broadcast} of {frames} frames were broadcast"
+    );
+}
+
 #[test]
 fn too_little_memlock_prints_the_limit_and_the_fix() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

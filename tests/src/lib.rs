@@ -99,6 +99,8 @@ impl Lab {
 /// Name of the nftables table the lab's fault rules live in (one per namespace; it goes with
 /// the namespace).
 const FAULT_TABLE: &str = "tbrdma_test_faults";
+/// Name of the nftables table that counts frames for [`Lab::watch_frames`].
+const WATCH_TABLE: &str = "tbrdma_test_watch";
 
 /// Faults the kernels of a lab inflict on the UDP datagrams they send, each in per mille of the
 /// datagrams, chosen at random: `drop` them, send a `duplicate` along, or `corrupt` four bytes
@@ -247,6 +249,48 @@ impl Lab {
         Ok(())
     }
 
+    /// Counts the tbrdma Ethernet frames every rank sends on every cable, and those of them
+    /// sent to the broadcast address, with nftables' `netdev` egress hook (Linux 5.16+; see
+    /// [`Self::frames_sent`]). Returns why not when this kernel or nft lacks that hook.
+    pub fn watch_frames(&self) -> Result<(), String> {
+        for (rank, host) in self.hostfile.ranks.iter().enumerate() {
+            let mut rules = format!("add table netdev {WATCH_TABLE}\n");
+            for (i, link) in host.links.iter().enumerate() {
+                let dev = &link.interface;
+                rules.push_str(&format!(
+                    "add chain netdev {WATCH_TABLE} out{i} {{ type filter hook egress device \"{dev}\" priority 0; }}\n\
+                     add rule netdev {WATCH_TABLE} out{i} ether type 0x88b5 ether daddr ff:ff:ff:ff:ff:ff counter comment \"broadcast\"\n\
+                     add rule netdev {WATCH_TABLE} out{i} ether type 0x88b5 counter comment \"frames\"\n"
+                ));
+            }
+            self.try_nft(rank, &["-f", "-"], Some(&rules))
+                .map_err(|e| format!("nftables cannot watch frames here: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Frames counted by [`Self::watch_frames`] so far, over all ranks: (all, broadcast).
+    pub fn frames_sent(&self) -> (u64, u64) {
+        let (mut all, mut broadcast) = (0, 0);
+        for rank in 0..self.hostfile.ranks.len() {
+            let listing = self.nft(rank, &["list", "table", "netdev", WATCH_TABLE], None);
+            for line in listing.lines().filter(|l| l.contains("counter packets")) {
+                let packets = line
+                    .split_whitespace()
+                    .skip_while(|w| *w != "packets")
+                    .nth(1)
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or_else(|| panic!("no packet count in: {line}"));
+                if line.contains("\"broadcast\"") {
+                    broadcast += packets;
+                } else {
+                    all += packets;
+                }
+            }
+        }
+        (all, broadcast)
+    }
+
     /// Datagrams and frames the rules of [`Self::impair`] and [`Self::impair_frames`] hit so
     /// far, over all ranks.
     pub fn faults_done(&self) -> Faults {
@@ -266,6 +310,9 @@ impl Lab {
                     &mut done.corrupt
                 } else if line.contains("\"drop\"") {
                     &mut done.drop
+                } else if line.contains("\"broadcast\"") || line.contains("\"frames\"") {
+                    // `watch_frames`' counters, not faults.
+                    continue;
                 } else {
                     panic!("a rule of no known kind: {line}")
                 };

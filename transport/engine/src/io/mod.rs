@@ -9,6 +9,7 @@
 //! wraps any of them in a faulty cable for tests and soak runs.
 
 pub mod faults;
+pub(crate) mod neighbours;
 pub mod packet;
 pub(crate) mod send_error;
 pub mod sockets;

@@ -10,8 +10,11 @@
 //! and source as IPv4 address and port (those of the rail's UDP socket, which stays bound so
 //! that no one else takes the port, but carries nothing). A classic BPF filter on the socket
 //! keeps frames for other addresses or ports (other tbrdma processes on the interface) out of
-//! the ring. Frames go to the peer's MAC address from the kernel's neighbour table, or to the
-//! broadcast address while it has none (fine on a point-to-point cable).
+//! the ring. Frames go only to the peer's MAC address from the kernel's neighbour table, and a
+//! frame is taken only from the MAC address the table gives for the source its shim names
+//! (`neighbours.rs` decides both): while the table has no entry, frames are dropped (the
+//! protocol resends) and one empty UDP datagram to the peer makes the kernel resolve it.
+//! Frames are never broadcast.
 //!
 //! Both ends of a connection must use this backend: a sockets or io_uring peer never sees
 //! these frames, and the connection fails to establish.
@@ -20,13 +23,13 @@
 //! raw pointers under the ring's ownership protocol (a frame is the process's while its status
 //! says so), and the system calls take raw pointers to buffers owned by `self` or the batch.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use super::neighbours::{KernelTable, Lookup, Mac, Neighbours};
 use super::send_error::{Attempt, Next, SendFailures};
 use super::sys;
 use super::{DatagramIo, EngineKind, Landing, TxBatch, wait_readable};
@@ -43,30 +46,20 @@ const SHIM: usize = 12;
 pub const RING_FRAMES: usize = 32;
 /// Frames handed to the engine per receive call.
 const BATCH: usize = 32;
-/// Sends to a peer whose MAC address is unknown (broadcast) between two neighbour-table
-/// lookups.
-const LOOKUP_EVERY: u32 = 1024;
 
 /// `AF_PACKET` I/O on the interface of one rail.
 #[derive(Debug)]
 pub struct PacketIo {
-    /// The rail's UDP socket: keeps the port, carries nothing.
-    _socket: UdpSocket,
+    /// The rail's UDP socket: keeps the port, and carries only the empty datagrams that make
+    /// the kernel resolve a peer's MAC address.
+    socket: UdpSocket,
     fd: OwnedFd,
     ring: Ring,
     ifindex: i32,
-    ifname: String,
     local: SocketAddrV4,
-    macs: HashMap<Ipv4Addr, Mac>,
+    neighbours: Neighbours<KernelTable>,
     /// Datagrams dropped, and whether a filter's drop was reported.
     failures: SendFailures,
-}
-
-/// A peer's link-layer address, or broadcast (with sends left before looking it up again).
-#[derive(Clone, Copy, Debug)]
-enum Mac {
-    Known([u8; 6]),
-    Broadcast(u32),
 }
 
 /// The receive ring: `frames` frames of `frame_size` bytes, mapped from the socket.
@@ -147,44 +140,36 @@ impl Ring {
     }
 }
 
-/// The interface holding `ip`, by name and index.
-fn interface_of(ip: Ipv4Addr) -> io::Result<(String, i32)> {
-    let addrs = nix::ifaddrs::getifaddrs().map_err(io::Error::from)?;
-    for a in addrs {
+/// The interface holding `ip`: its name, index, and its own MAC address when it is a
+/// loopback interface.
+fn interface_of(ip: Ipv4Addr) -> io::Result<(String, i32, Option<Mac>)> {
+    let addrs: Vec<_> = nix::ifaddrs::getifaddrs()
+        .map_err(io::Error::from)?
+        .collect();
+    for a in &addrs {
         let Some(sin) = a.address.as_ref().and_then(|s| s.as_sockaddr_in()) else {
             continue;
         };
         if sin.ip() == ip {
-            let index = nix::net::if_::if_nametoindex(a.interface_name.as_str())
-                .map_err(io::Error::from)?;
-            return Ok((a.interface_name, index as i32));
+            let name = a.interface_name.clone();
+            let index = nix::net::if_::if_nametoindex(name.as_str()).map_err(io::Error::from)?;
+            let loopback = a
+                .flags
+                .contains(nix::net::if_::InterfaceFlags::IFF_LOOPBACK)
+                .then(|| {
+                    addrs
+                        .iter()
+                        .filter(|l| l.interface_name == name)
+                        .find_map(|l| l.address.as_ref()?.as_link_addr()?.addr())
+                        .unwrap_or([0; 6])
+                });
+            return Ok((name, index as i32, loopback));
         }
     }
     Err(io::Error::new(
         io::ErrorKind::NotFound,
         format!("no interface has the address {ip}"),
     ))
-}
-
-/// `ip`'s MAC address on `ifname` in the kernel's neighbour table, if it has a complete one.
-fn neighbour_mac(ifname: &str, ip: Ipv4Addr) -> Option<[u8; 6]> {
-    let table = std::fs::read_to_string("/proc/net/arp").ok()?;
-    table.lines().skip(1).find_map(|line| {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        // IP address, HW type, flags (0x2: complete), HW address, mask, device.
-        if f.len() < 6 || f[5] != ifname || f[0].parse::<Ipv4Addr>().ok()? != ip {
-            return None;
-        }
-        if u32::from_str_radix(f[2].trim_start_matches("0x"), 16).ok()? & 0x2 == 0 {
-            return None;
-        }
-        let mut mac = [0u8; 6];
-        let mut parts = f[3].split(':');
-        for b in &mut mac {
-            *b = u8::from_str_radix(parts.next()?, 16).ok()?;
-        }
-        Some(mac)
-    })
 }
 
 /// The classic BPF program that passes only frames whose shim names `local` as destination.
@@ -217,7 +202,7 @@ impl PacketIo {
                 ));
             }
         };
-        let (ifname, ifindex) = interface_of(*local.ip())?;
+        let (ifname, ifindex, loopback) = interface_of(*local.ip())?;
         // SAFETY: plain socket(2); the result is checked before it is wrapped.
         let raw = unsafe {
             libc::socket(
@@ -304,36 +289,47 @@ impl PacketIo {
             return Err(io::Error::last_os_error());
         }
         Ok(PacketIo {
-            _socket: socket,
+            socket,
             fd,
             ring,
             ifindex,
-            ifname,
             local,
-            macs: HashMap::new(),
+            neighbours: Neighbours::new(KernelTable { ifname }, loopback),
             failures: SendFailures::default(),
         })
     }
 
-    /// Where frames for `ip` go: its MAC address, or broadcast until the neighbour table has
-    /// it.
-    fn mac_for(&mut self, ip: Ipv4Addr) -> [u8; 6] {
-        let entry = self.macs.entry(ip).or_insert(Mac::Broadcast(0));
-        match entry {
-            Mac::Known(mac) => *mac,
-            Mac::Broadcast(left) => {
-                if *left == 0 {
-                    if let Some(mac) = neighbour_mac(&self.ifname, ip) {
-                        *entry = Mac::Known(mac);
-                        return mac;
-                    }
-                    *left = LOOKUP_EVERY;
-                }
-                *left -= 1;
-                [0xff; 6]
+    /// Where frames for `to` go: its MAC address, or nowhere (`None`: dropped) until the
+    /// neighbour table has it, which an empty UDP datagram to `to` asks the kernel to find.
+    fn mac_for(&mut self, to: SocketAddrV4) -> Option<Mac> {
+        match self.neighbours.for_send(*to.ip()) {
+            Lookup::Send(mac) => Some(mac),
+            Lookup::Resolve => {
+                // The kernel resolves the address to send this (its ARP request carries
+                // nothing of ours); the peer's UDP socket, bound by its backend, drops it.
+                let _ = self.socket.send_to(&[], to);
+                None
             }
+            Lookup::Drop => None,
         }
     }
+}
+
+/// Where the kernel's `sockaddr_ll` (the frame's source) lies in a ring frame: right before
+/// the end of the `TPACKET2_HDRLEN` bytes of header.
+const SLL_OFFSET: usize = libc::TPACKET2_HDRLEN - std::mem::size_of::<libc::sockaddr_ll>();
+/// The bytes of `sockaddr_ll` read: family, protocol, index, type, packet type, address
+/// length, then the first 8 bytes of address.
+const SLL_LEN: usize = 20;
+
+/// The source MAC address in a frame's `sockaddr_ll`, if the frame was sent to this host
+/// alone (`PACKET_HOST`: not broadcast or multicast) by an Ethernet address.
+fn unicast_source(sll: &[u8]) -> Option<Mac> {
+    let (pkttype, halen) = (*sll.get(10)?, *sll.get(11)?);
+    if pkttype != libc::PACKET_HOST || halen != 6 {
+        return None;
+    }
+    sll.get(12..18)?.try_into().ok()
 }
 
 /// The shim: destination address and port, source address and port, network byte order.
@@ -359,7 +355,10 @@ impl DatagramIo for PacketIo {
                 self.failures.count_drop();
                 continue;
             };
-            let mac = self.mac_for(*to.ip());
+            let Some(mac) = self.mac_for(to) else {
+                self.failures.count_drop();
+                continue;
+            };
             let head = shim(to, self.local);
             let [buffer, part] = batch.iovecs(i);
             let mut iov = [
@@ -422,12 +421,22 @@ impl DatagramIo for PacketIo {
             let data = self
                 .ring
                 .bytes(i, usize::from(hdr.tp_net), hdr.tp_snaplen as usize);
-            if let Some(frame) = data
-                .filter(|f| hdr.tp_snaplen == hdr.tp_len && f.len() > SHIM && f[..6] == to_us[..6])
-            {
+            let source = self
+                .ring
+                .bytes(i, SLL_OFFSET, SLL_LEN)
+                .and_then(unicast_source);
+            if let (Some(frame), Some(mac)) = (
+                data.filter(|f| {
+                    hdr.tp_snaplen == hdr.tp_len && f.len() > SHIM && f[..6] == to_us[..6]
+                }),
+                source,
+            ) {
                 let ip = Ipv4Addr::new(frame[6], frame[7], frame[8], frame[9]);
-                let port = u16::from_be_bytes([frame[10], frame[11]]);
-                deliver(&frame[SHIM..], SocketAddr::new(IpAddr::V4(ip), port));
+                // Only from the host that owns the source the shim names.
+                if self.neighbours.accepts(ip, mac) {
+                    let port = u16::from_be_bytes([frame[10], frame[11]]);
+                    deliver(&frame[SHIM..], SocketAddr::new(IpAddr::V4(ip), port));
+                }
             }
             self.ring.release(i);
             self.ring.next = (i + 1) % self.ring.frames;
@@ -451,7 +460,7 @@ impl DatagramIo for PacketIo {
         // Nothing to connect: look the peer's MAC address up now rather than at its first
         // datagram.
         if let Some(SocketAddr::V4(p)) = peer {
-            self.mac_for(*p.ip());
+            self.mac_for(p);
         }
         Ok(())
     }
