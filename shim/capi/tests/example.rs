@@ -4,7 +4,7 @@
 //! and `cc` (skips with a message otherwise).
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use tbrdma_netdev::lab::LabTopology;
 use tbrdma_tests::Lab;
@@ -12,16 +12,12 @@ use tbrdma_tests::Lab;
 mod common;
 use common::{library_dir, show};
 
-#[test]
-fn the_c_example_writes_and_reads_between_two_namespaces() {
-    let Some(lab) = Lab::up("ce", 2, LabTopology::Pair, 1) else {
-        return;
-    };
+/// Compiles the example into a fresh folder; `None` (after saying so) without a C compiler.
+fn build_example(tag: &str) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out_dir = std::env::temp_dir().join(format!("tbrdma-capi-{}", std::process::id()));
+    let out_dir = std::env::temp_dir().join(format!("tbrdma-capi-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&out_dir).expect("temp folder");
     let exe = out_dir.join("tbrdma_write_read");
-    let libs = library_dir();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let built = Command::new(&cc)
         .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
@@ -30,36 +26,61 @@ fn the_c_example_writes_and_reads_between_two_namespaces() {
         .arg("-I")
         .arg(root.join("include"))
         .arg("-L")
-        .arg(&libs)
+        .arg(library_dir())
         .arg("-ltbrdma")
         .status();
     match built {
         Err(e) => {
             eprintln!("skipping: no C compiler ({cc}: {e})");
-            return;
+            None
         }
-        Ok(s) => assert!(s.success(), "compiling the example failed"),
+        Ok(s) => {
+            assert!(s.success(), "compiling the example failed");
+            Some((out_dir, exe))
+        }
     }
-    let server_ip = lab.address(0, 1, 0).to_string();
-    let spawn = |rank: usize, args: &[String]| {
-        Command::new("ip")
-            .args(["netns", "exec", &lab.namespace(rank)])
-            .arg(&exe)
-            .args(args)
-            .env("LD_LIBRARY_PATH", &libs)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the example")
+}
+
+/// Starts the example in `rank`'s namespace, ended after 120 s at most (`timeout` exits 124).
+fn spawn_example(lab: &Lab, exe: &Path, rank: usize, args: &[String], faults: &str) -> Child {
+    Command::new("ip")
+        .args(["netns", "exec", &lab.namespace(rank), "timeout", "120"])
+        .arg(exe)
+        .args(args)
+        .env("LD_LIBRARY_PATH", library_dir())
+        .env("TBRDMA_FAULTS", faults)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example")
+}
+
+#[test]
+fn the_c_example_writes_and_reads_between_two_namespaces() {
+    let Some(lab) = Lab::up("ce", 2, LabTopology::Pair, 1) else {
+        return;
     };
-    let server = spawn(0, &["server".into(), server_ip.clone(), "18830".into()]);
-    let client = spawn(
+    let Some((out_dir, exe)) = build_example("ce") else {
+        return;
+    };
+    let server_ip = lab.address(0, 1, 0).to_string();
+    let server = spawn_example(
+        &lab,
+        &exe,
+        0,
+        &["server".into(), server_ip.clone(), "18830".into()],
+        "",
+    );
+    let client = spawn_example(
+        &lab,
+        &exe,
         1,
         &[
             "client".into(),
             lab.address(1, 0, 0).to_string(),
             format!("{server_ip}:18830"),
         ],
+        "",
     );
     let c = client.wait_with_output().expect("client");
     let s = server.wait_with_output().expect("server");
@@ -77,6 +98,58 @@ fn the_c_example_writes_and_reads_between_two_namespaces() {
     assert!(
         s.contains("server: WRITE of 65536 bytes arrived intact"),
         "{s}"
+    );
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+/// A bug in the client's engine (a panic, injected with `TBRDMA_FAULTS=panic_after=4`) reaches
+/// the C program as an error it reports and exits on: no abort, no hang, no panic through the
+/// C boundary.
+#[test]
+fn a_panic_in_the_engine_reaches_a_c_program_as_an_error() {
+    let Some(lab) = Lab::up("cf", 2, LabTopology::Pair, 1) else {
+        return;
+    };
+    let Some((out_dir, exe)) = build_example("cf") else {
+        return;
+    };
+    let server_ip = lab.address(0, 1, 0).to_string();
+    let server = spawn_example(
+        &lab,
+        &exe,
+        0,
+        &["server".into(), server_ip.clone(), "18831".into()],
+        "",
+    );
+    let client = spawn_example(
+        &lab,
+        &exe,
+        1,
+        &[
+            "client".into(),
+            lab.address(1, 0, 0).to_string(),
+            format!("{server_ip}:18831"),
+        ],
+        "panic_after=4",
+    );
+    let c = client.wait_with_output().expect("client");
+    // The example's server waits on a flag in memory, with no way to hear that its client
+    // is gone: it is stopped here.
+    // SIGTERM, which `timeout` passes on to the example (a SIGKILL would orphan it).
+    let _ = Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status();
+    let _ = server.wait_with_output();
+    assert_eq!(
+        c.status.code(),
+        Some(1),
+        "the client exits with its own error status (124: it hung; none: a signal):\n{}",
+        show(&c)
+    );
+    let text = show(&c);
+    assert!(
+        text.contains("the tbrdma engine failed") && text.contains("panic_after"),
+        "the client names the failure: {text}"
     );
     let _ = std::fs::remove_dir_all(&out_dir);
 }
