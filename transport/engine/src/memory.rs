@@ -194,20 +194,21 @@ impl Buffer {
     /// Calls `f` with the `len` bytes at `offset`, borrowed in place (no copy): for reducing or
     /// checksumming straight out of a region.
     ///
-    /// The bytes are what the region holds; as with [`Self::read`], the application must not let
-    /// a peer or a receive write the range while it looks (the RDMA contract: read a range after
-    /// the completion that says it arrived, before handing it back).
+    /// # Safety
+    /// Nothing may write the range while `f` runs: no other thread through [`Self::write`] or
+    /// [`Self::copy_to`], and no engine placing a peer's WRITE or a receive into it (a peer
+    /// holding an rkey for the range can make the engine do that at any time, which is why
+    /// this is not a safe function: a `&[u8]` must not change under its holder).
     ///
     /// # Panics
     /// If the range is outside the buffer.
-    pub fn with_slice<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+    pub unsafe fn with_slice<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
         assert!(
             offset.checked_add(len).is_some_and(|end| end <= self.len),
             "view outside the buffer"
         );
         // SAFETY: the range is inside the live mapping (checked above), which outlives `self`
-        // and so the borrow `f` gets. Writes to it while `f` runs break the RDMA contract in the
-        // module docs, exactly as they would for `read`.
+        // and so the borrow `f` gets; nothing writes it while `f` runs (the caller's contract).
         let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) };
         f(bytes)
     }
@@ -388,7 +389,12 @@ impl Memory for Arena {
 
     fn with_bytes(&self, region: RegionId, offset: u64, len: usize, f: &mut dyn FnMut(&[u8])) {
         if let Some(Some(buffer)) = self.buffers.get(region.0 as usize) {
-            buffer.with_slice(offset as usize, len, |bytes| f(bytes));
+            // SAFETY: the core calls this while the engine builds a datagram, under the state
+            // lock, which every placement into a region also takes: no peer's write or receive
+            // lands meanwhile. The range is the payload of an outstanding request or response,
+            // which the application does not write until it completes (the verbs contract on
+            // posted buffers, docs/semantics.md).
+            unsafe { buffer.with_slice(offset as usize, len, |bytes| f(bytes)) };
         }
     }
 }

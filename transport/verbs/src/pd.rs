@@ -1,4 +1,7 @@
 //! Protection domains and memory regions.
+//!
+//! **This file contains `unsafe`**: registering memory the caller owns, and the in-place view
+//! of a region's bytes, whose contracts the caller keeps.
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -151,13 +154,19 @@ impl MemoryRegion {
     }
 
     /// Calls `f` with the `len` bytes at `offset`, borrowed in place instead of copied (to
-    /// reduce or checksum straight out of a region). Look only at a range no request or peer is
-    /// writing: after the completion that says it arrived, before handing it back.
+    /// reduce or checksum straight out of a region). [`Self::read`] is the safe way.
+    ///
+    /// # Safety
+    /// Nothing may write the range while `f` runs: no request of this process, no other
+    /// thread, and no peer. A peer that holds an rkey for the range can write it whenever the
+    /// engine runs (its thread, in thread progress), whatever the application's protocol says;
+    /// only a range no rkey of a peer covers, or a peer that is trusted, keeps the contract.
     ///
     /// # Panics
     /// If the range is outside the region.
-    pub fn with_bytes<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
-        self.buffer.with_slice(offset, len, f)
+    pub unsafe fn with_bytes<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        // SAFETY: the caller's contract is the buffer's.
+        unsafe { self.buffer.with_slice(offset, len, f) }
     }
 
     /// Copies bytes into the region.

@@ -113,13 +113,22 @@ impl RegionPart {
     }
 
     /// Calls `f` with the bytes, in place.
-    pub fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        self.buffer.with_slice(self.offset, self.len, f)
+    ///
+    /// # Safety
+    /// As for [`Buffer::with_slice`]: nothing writes the part while `f` runs.
+    #[cfg(test)]
+    pub(crate) unsafe fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        // SAFETY: passed on to the caller.
+        unsafe { self.buffer.with_slice(self.offset, self.len, f) }
     }
 
     /// Calls `f` with the first `len` bytes (at most all of them), in place.
-    pub fn with_prefix<R>(&self, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
-        self.buffer.with_slice(self.offset, len.min(self.len), f)
+    ///
+    /// # Safety
+    /// As for [`Buffer::with_slice`]: nothing writes the part while `f` runs.
+    pub(crate) unsafe fn with_prefix<R>(&self, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        // SAFETY: passed on to the caller.
+        unsafe { self.buffer.with_slice(self.offset, len.min(self.len), f) }
     }
 
     /// Address of the first byte, for an iovec the kernel writes into: valid for `len` bytes
@@ -435,10 +444,13 @@ mod tests {
         assert_eq!(other.get(0), (&b"head"[..], b));
         let part = other.part(0).expect("the part moved along");
         assert_eq!((part.len(), other.datagram_len(0)), (1000, 1004));
-        part.with_bytes(|bytes| {
-            let expected: Vec<u8> = (100..1100).map(|i| (i * 7 + 1) as u8).collect();
-            assert_eq!(bytes, &expected[..]);
-        });
+        // SAFETY: nothing else uses the test's buffer.
+        unsafe {
+            part.with_bytes(|bytes| {
+                let expected: Vec<u8> = (100..1100).map(|i| (i * 7 + 1) as u8).collect();
+                assert_eq!(bytes, &expected[..]);
+            })
+        };
         assert_eq!(Arc::strong_count(&buffer), 2);
 
         // A plain datagram committed into the slot the moved one left carries no stale part.
@@ -498,7 +510,8 @@ mod tests {
                         });
                         let mut datagram = head.clone();
                         if let Some(p) = &part {
-                            p.with_bytes(|bytes| datagram.extend_from_slice(bytes));
+                            // SAFETY: nothing writes the test's buffer meanwhile.
+                            unsafe { p.with_bytes(|bytes| datagram.extend_from_slice(bytes)) };
                         }
                         expected.push(datagram);
                         commit(&mut batch, &head, dest, part);

@@ -165,14 +165,25 @@ unsafe fn recv_into_zone(
     let Some(from) = sys::from_storage(name) else {
         return Ok(Landed::Delivered);
     };
-    let expected = zone
-        .zone
-        .with_prefix(len.min(MAX_HEADER_LEN), |head| zone.is_expected(head, len));
-    if expected {
-        zone.zone.with_prefix(len, |bytes| deliver(bytes, from));
-    } else {
+    // The three views below are sound for one reason: the kernel has finished writing the
+    // zone (recvmsg returned), the engine holds its state lock (placements into regions take
+    // it), and the application does not touch a landing zone it lent until the receive
+    // completes (`Engine::expect_write`). Delivering a datagram that is already in its place
+    // copies nothing over it.
+    // SAFETY: see above.
+    let expected = unsafe {
         zone.zone
-            .with_prefix(len, |bytes| spare[..len].copy_from_slice(bytes));
+            .with_prefix(len.min(MAX_HEADER_LEN), |head| zone.is_expected(head, len))
+    };
+    if expected {
+        // SAFETY: see above.
+        unsafe { zone.zone.with_prefix(len, |bytes| deliver(bytes, from)) };
+    } else {
+        // SAFETY: see above.
+        unsafe {
+            zone.zone
+                .with_prefix(len, |bytes| spare[..len].copy_from_slice(bytes))
+        };
         deliver(&spare[..len], from);
     }
     Ok(Landed::Delivered)
