@@ -161,6 +161,13 @@ impl MemoryRegion {
     /// thread, and no peer. A peer that holds an rkey for the range can write it whenever the
     /// engine runs (its thread, in thread progress), whatever the application's protocol says;
     /// only a range no rkey of a peer covers, or a peer that is trusted, keeps the contract.
+    /// (Safe code cannot call it:)
+    ///
+    /// ```compile_fail,E0133
+    /// fn look(mr: &tbrdma_verbs::MemoryRegion) -> u8 {
+    ///     mr.with_bytes(0, 1, |bytes| bytes[0])
+    /// }
+    /// ```
     ///
     /// # Panics
     /// If the range is outside the region.
