@@ -316,6 +316,7 @@ impl Communicator {
             config: link_config(&self.opts),
             private_data: digest.encode(),
             timeout: setup_timeout,
+            auth: self.opts.auth.clone(),
         };
         (digest, qp_opts)
     }

@@ -66,14 +66,17 @@
 mod cm;
 mod device;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod pd;
 mod qp;
 
-pub use cm::{Connected, Listener, QpOptions, connect};
+pub use cm::{Connected, Listener, MAX_PENDING, QpOptions, connect};
 pub use device::{CompletionQueue, Device, DeviceConfig};
 pub use error::{Result, VerbsError};
 pub use pd::{MemoryRegion, ProtectionDomain};
 pub use qp::QueuePair;
+pub use tbrdma_auth::{Auth, Secret};
 pub use tbrdma_engine::cq::Completion;
 pub use tbrdma_engine::io::EngineKind;
 pub use tbrdma_engine::io::faults;
