@@ -144,7 +144,7 @@ impl Communicator {
         world: usize,
         opts: CommOptions,
     ) -> Result<Communicator> {
-        let hostfile = crate::rendezvous::rendezvous(addr, rank, world, opts.timeout)?;
+        let hostfile = crate::rendezvous::rendezvous(addr, rank, world, opts.timeout, &opts.auth)?;
         Communicator::new(&hostfile, rank, opts)
     }
 
