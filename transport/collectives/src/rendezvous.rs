@@ -50,7 +50,7 @@ fn bad(problem: impl Into<String>, fix: impl Into<String>) -> CollError {
 
 /// One address a rank has on a cable.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct CableAddr {
+pub(crate) struct CableAddr {
     interface: String,
     address: Ipv4Addr,
     prefix: u8,
@@ -58,10 +58,10 @@ struct CableAddr {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Announce {
-    world: usize,
-    rank: usize,
-    host: String,
-    addrs: Vec<CableAddr>,
+    pub(crate) world: usize,
+    pub(crate) rank: usize,
+    pub(crate) host: String,
+    pub(crate) addrs: Vec<CableAddr>,
 }
 
 fn local_cable_addrs() -> Result<Vec<CableAddr>> {
@@ -100,7 +100,7 @@ fn host_name() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-fn encode(a: &Announce) -> String {
+pub(crate) fn encode(a: &Announce) -> String {
     let mut s = format!("{MAGIC} {} {} {}\n", a.world, a.rank, a.host);
     for c in &a.addrs {
         s += &format!("{} {} {}\n", c.interface, c.address, c.prefix);
@@ -642,7 +642,8 @@ mod tests {
                 let mut s = TcpStream::connect(addr).unwrap();
                 let mut io = DeadlineStream::new(&s, Instant::now() + Duration::from_secs(10));
                 tbrdma_verbs::auth::client(&mut io, None, AUTH_CONTEXT).unwrap();
-                s.write_all(b"tbrdma-rendezvous 1 5 1 impostor\nend\n").unwrap();
+                s.write_all(b"tbrdma-rendezvous 1 5 1 impostor\nend\n")
+                    .unwrap();
                 let mut answer = String::new();
                 s.read_to_string(&mut answer).unwrap();
                 assert!(answer.starts_with("error: ") && answer.contains("TBRDMA_WORLD_SIZE"));
@@ -697,4 +698,3 @@ mod tests {
         }
     }
 }
-
