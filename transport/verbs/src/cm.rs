@@ -441,6 +441,14 @@ impl Listener {
                 None => Duration::from_millis(2),
             };
             match arrivals.recv_timeout(slice) {
+                // A hello that waited past its client's deadline (no accept call meanwhile):
+                // the client has given up.
+                Ok(arrival) if arrival.deadline <= Instant::now() => {
+                    tracing::warn!(
+                        "connection manager: {} gave up before an accept took its hello",
+                        arrival.from
+                    );
+                }
                 Ok(arrival) => return self.answer(arrival, pd, send_cq, recv_cq, opts),
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
