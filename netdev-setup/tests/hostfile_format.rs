@@ -124,6 +124,27 @@ fn rejects_what_is_not_a_cluster() {
     );
 }
 
+/// Records that disagree about their cables are an error at once. Before, four hosts where
+/// the lowest (`a`) lists cables to `b` and `c` that they do not list back, and `b`, `c`, `d`
+/// each list the other two, looked like a ring and sent the ring walk round `b-c-d` for ever
+/// (growing its list until memory ran out).
+#[test]
+fn records_that_disagree_about_a_cable_are_an_error_not_a_loop() {
+    let mut recs = records(&["b", "c", "d"], &[(0, 1), (1, 2), (0, 2)], 1);
+    let mut a = records(&["a", "b", "c"], &[(0, 1), (0, 2)], 1).remove(0);
+    a.name = "host-a".into();
+    recs.push(a);
+    let error = Hostfile::from_records(&recs).unwrap_err().to_string();
+    assert!(error.contains("inconsistent host records"), "{error}");
+    assert!(error.contains("host-a lists a cable to host-b"), "{error}");
+
+    // A record claiming a cable to itself.
+    let mut recs = records(&["a", "b"], &[(0, 1)], 1);
+    recs[0].links[0].peer_uuid = "a".into();
+    let error = Hostfile::from_records(&recs).unwrap_err().to_string();
+    assert!(error.contains("cable to itself"), "{error}");
+}
+
 #[test]
 fn hosts_with_two_usb4_routers_are_one_rank_each() {
     // Host a has routers a0 and a1, host b has b0 and b1; cable 1 joins a0-b0, cable 2 a1-b1.

@@ -113,6 +113,7 @@ impl CommArgs {
             progress: self.progress.parse::<Progress>().map_err(|e| anyhow!(e))?,
             timeout: Duration::from_secs_f64(self.timeout.max(0.01)),
             spin: self.spin,
+            ..CommOptions::default()
         })
     }
 

@@ -173,6 +173,7 @@ fn options(announce: &Announce, timeout: Duration) -> QpOptions {
         config: qp_config(),
         private_data: serde_json::to_vec(announce).expect("plain data serializes"),
         timeout,
+        ..QpOptions::default()
     }
 }
 

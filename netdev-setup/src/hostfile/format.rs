@@ -177,14 +177,41 @@ impl Hostfile {
                         "run discovery on every host, or drop that cable",
                     ));
                 };
+                if *peer == record.uuid.as_str() {
+                    return Err(NetdevError::bad_input(
+                        format!(
+                            "{} ({}) has a cable to itself ({})",
+                            record.name, link.interface, link.peer_uuid
+                        ),
+                        "run discovery again, or fix that host's record",
+                    ));
+                }
                 neighbours.entry(&record.uuid).or_default().insert(peer);
                 *cable_count.entry((&record.uuid, peer)).or_default() += 1;
+            }
+        }
+        // A cable has two ends: records that disagree (one host lists a cable its peer does
+        // not) are not a cluster, and would send the ring walk below round a cycle for good.
+        for (host, peers) in &neighbours {
+            if let Some(peer) = peers.iter().find(|p| !neighbours[**p].contains(host)) {
+                return Err(NetdevError::bad_input(
+                    format!(
+                        "inconsistent host records: {} lists a cable to {}, which lists none back",
+                        by_uuid[host].name, by_uuid[peer].name
+                    ),
+                    "run discovery on every host again (each must see its cables up), or fix the records",
+                ));
             }
         }
         let kind = topology_kind(&neighbours);
         let rails = cable_count.values().copied().min().unwrap_or(0);
         let order = match kind {
-            TopologyKind::Ring => ring_order(&neighbours),
+            TopologyKind::Ring => ring_order(&neighbours).ok_or_else(|| {
+                NetdevError::bad_input(
+                    "the host records describe two hosts per cable set but no single ring",
+                    "run discovery on every host again, or fix the records",
+                )
+            })?,
             _ => neighbours.keys().copied().collect(),
         };
         let rank_of: BTreeMap<&str, usize> = order
@@ -326,23 +353,23 @@ fn is_connected(neighbours: &BTreeMap<&str, BTreeSet<&str>>) -> bool {
     seen.len() == neighbours.len()
 }
 
-/// Walks a ring from its lowest UUID towards that host's lower-UUID neighbour.
-fn ring_order<'a>(neighbours: &BTreeMap<&'a str, BTreeSet<&'a str>>) -> Vec<&'a str> {
-    let start = *neighbours.keys().next().expect("ring is not empty");
+/// Walks a ring from its lowest UUID towards that host's lower-UUID neighbour. `None` unless
+/// the walk comes back to its start after visiting every host once: at most one step per host,
+/// whatever the records say.
+fn ring_order<'a>(neighbours: &BTreeMap<&'a str, BTreeSet<&'a str>>) -> Option<Vec<&'a str>> {
+    let start = *neighbours.keys().next()?;
     let mut order = vec![start];
+    let mut seen = BTreeSet::from([start]);
     let mut previous = start;
-    let mut current = *neighbours[start]
-        .iter()
-        .next()
-        .expect("ring host has neighbours");
+    let mut current = *neighbours[start].iter().next()?;
     while current != start {
+        if !seen.insert(current) || order.len() >= neighbours.len() {
+            return None;
+        }
         order.push(current);
-        let next = *neighbours[current]
-            .iter()
-            .find(|n| **n != previous)
-            .expect("ring has two");
+        let next = *neighbours.get(current)?.iter().find(|n| **n != previous)?;
         previous = current;
         current = next;
     }
-    order
+    (order.len() == neighbours.len()).then_some(order)
 }

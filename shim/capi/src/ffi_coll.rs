@@ -370,6 +370,7 @@ unsafe fn comm_options(f: &str, p: *const tbrdma_comm_options) -> Result<CommOpt
         progress,
         timeout: Duration::from_millis(u64::from(o.timeout_ms)),
         spin: o.spin,
+        ..CommOptions::default()
     })
 }
 

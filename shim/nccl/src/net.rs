@@ -265,6 +265,7 @@ fn qp_options(config: &PluginConfig) -> QpOptions {
         },
         private_data: HELLO.to_vec(),
         timeout: config.connect_timeout,
+        ..QpOptions::default()
     }
 }
 

@@ -144,7 +144,7 @@ impl Communicator {
         world: usize,
         opts: CommOptions,
     ) -> Result<Communicator> {
-        let hostfile = crate::rendezvous::rendezvous(addr, rank, world, opts.timeout)?;
+        let hostfile = crate::rendezvous::rendezvous(addr, rank, world, opts.timeout, &opts.auth)?;
         Communicator::new(&hostfile, rank, opts)
     }
 
@@ -316,6 +316,7 @@ impl Communicator {
             config: link_config(&self.opts),
             private_data: digest.encode(),
             timeout: setup_timeout,
+            auth: self.opts.auth.clone(),
         };
         (digest, qp_opts)
     }

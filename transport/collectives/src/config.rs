@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tbrdma_netdev::hostfile::TopologyKind;
 use tbrdma_proto::codec::{Put, Reader};
-use tbrdma_verbs::{EngineKind, Progress, RemoteAddr};
+use tbrdma_verbs::{Auth, EngineKind, Progress, RemoteAddr};
 
 use crate::dtype::DType;
 use crate::error::{CollError, Result};
@@ -118,6 +118,9 @@ pub struct CommOptions {
     pub timeout: Duration,
     /// Busy-poll iterations before a waiting rank starts yielding its core.
     pub spin: u32,
+    /// The cluster secret the rendezvous and the connection manager authenticate with
+    /// (default: `TBRDMA_SECRET` / `TBRDMA_SECRET_FILE` from the environment, none when unset).
+    pub auth: Auth,
 }
 
 impl Default for CommOptions {
@@ -140,6 +143,7 @@ impl Default for CommOptions {
             // for only delays it (4 ranks on 2 cores: 13 ms with 2000 rounds, 0.4 ms with 0),
             // and on a core of its own a yield costs one syscall.
             spin: 4,
+            auth: Auth::default(),
         }
     }
 }

@@ -39,6 +39,8 @@ mod direct;
 mod direct_ends;
 mod dtype;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod half_float;
 mod oneshot;
 mod ops;

@@ -31,3 +31,6 @@ if [[ -n "${FUZZ_SECONDS:-}" ]]; then
             -max_total_time="$FUZZ_SECONDS"
     done
 fi
+
+# The targets outside the protocol core (side channels, hostfiles, discovery, packet frames).
+../../../fuzz/replay.sh

@@ -3,7 +3,17 @@
 //! private data; then the protocol's own CONNECT/ACCEPT handshake runs over the link.
 //!
 //! The listener binds to the link's address (the device's), not to every interface, unless the
-//! caller binds it elsewhere explicitly.
+//! caller binds it elsewhere explicitly. It serves clients concurrently: each one's
+//! authentication and hello are read on a thread of its own, within one total deadline
+//! (`QpOptions::timeout`), so a stranger that connects and sends nothing, trickles bytes or
+//! sends garbage is dropped (and logged) while the real peer's setup goes ahead. At most
+//! [`MAX_PENDING`] clients are read at once; one more closes the one that has waited longest
+//! (a real peer's hello takes a round trip, a stranger's hold lasts until its deadline, so
+//! a flood of strangers mostly evicts itself).
+//!
+//! Before the first frame both sides run the cluster-secret handshake of `tbrdma-auth`
+//! (`QpOptions::auth`, by default `TBRDMA_SECRET` / `TBRDMA_SECRET_FILE`): with a secret set, a
+//! host without it, or with another one, is refused with a message naming the setting.
 //!
 //! Side-channel frames: a 4-byte little-endian length, then `"tbCM"`, version (u16), kind
 //! (u8: 1 hello, 2 welcome, 3 reject), the number of rails (u8, 1 to 8) and the sender's data
@@ -12,9 +22,14 @@
 //! length (u32) and bytes. A reject carries a UTF-8 message as its private data. A connection
 //! uses as many rails as the side with fewer has, pairing them in order.
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
+
+use tbrdma_auth::{Auth, DeadlineStream};
 
 use tbrdma_engine::worker::{NewConnection, random_u64};
 use tbrdma_proto::codec::{Put, Reader, SOCKET_ADDR_LEN, SliceWriter};
@@ -33,6 +48,12 @@ const MAX_PRIVATE: usize = 64 * 1024;
 const HEADER_LEN: usize = 46;
 /// Most rails a frame may list.
 const MAX_RAILS: usize = 8;
+/// Most clients a listener reads hellos from at once; one more closes the oldest.
+pub const MAX_PENDING: usize = 64;
+/// Names the side channel in the authentication tags (see `tbrdma-auth`).
+const AUTH_CONTEXT: &str = "tbrdma-cm";
+/// Refusals a listener remembers for its timeout message.
+const REMEMBERED_REFUSALS: usize = 4;
 
 /// Options for a new connection.
 #[derive(Clone, Debug)]
@@ -41,8 +62,12 @@ pub struct QpOptions {
     pub config: Config,
     /// Bytes handed to the peer during setup (rdma_cm private data: rkeys, addresses, …).
     pub private_data: Vec<u8>,
-    /// Longest the whole setup may take.
+    /// Longest the whole setup may take (and, on the listener, the longest a client may take
+    /// to authenticate and send its hello).
     pub timeout: Duration,
+    /// The cluster secret side channels authenticate with (default: the environment's
+    /// `TBRDMA_SECRET` / `TBRDMA_SECRET_FILE`, none when unset).
+    pub auth: Auth,
 }
 
 impl Default for QpOptions {
@@ -51,6 +76,7 @@ impl Default for QpOptions {
             config: Config::default(),
             private_data: Vec::new(),
             timeout: Duration::from_secs(5),
+            auth: Auth::default(),
         }
     }
 }
@@ -67,7 +93,7 @@ pub struct Connected {
 }
 
 #[derive(Debug, PartialEq, Eq)]
-struct Frame {
+pub(crate) struct Frame {
     kind: u8,
     data_addrs: Vec<SocketAddr>,
     qp_num: u32,
@@ -102,13 +128,13 @@ fn path_mismatch(ours: bool, theirs: bool) -> Option<String> {
     })
 }
 
-fn write_frame(stream: &mut TcpStream, f: &Frame) -> std::io::Result<()> {
+fn write_frame(stream: &mut impl Write, f: &Frame) -> std::io::Result<()> {
     stream.write_all(&encode_frame(f))?;
     stream.flush()
 }
 
 /// A frame as it goes on the stream: the body's length, then the body.
-fn encode_frame(f: &Frame) -> Vec<u8> {
+pub(crate) fn encode_frame(f: &Frame) -> Vec<u8> {
     let rails = &f.data_addrs[..f.data_addrs.len().min(MAX_RAILS)];
     let mut out = Vec::with_capacity(4 + 48 + f.private.len());
     out.put_u32(0); // The body's length, filled in below.
@@ -130,7 +156,7 @@ fn encode_frame(f: &Frame) -> Vec<u8> {
     out
 }
 
-fn read_frame(stream: &mut TcpStream, peer: &str) -> Result<Frame> {
+fn read_frame(stream: &mut impl Read, peer: &str) -> Result<Frame> {
     let bad = |detail: &str| VerbsError::Handshake {
         peer: peer.to_string(),
         detail: detail.to_string(),
@@ -154,7 +180,7 @@ fn read_frame(stream: &mut TcpStream, peer: &str) -> Result<Frame> {
 
 /// Parses a frame body (everything after the length), whatever the peer sent: the error is
 /// the detail of a handshake failure.
-fn decode_frame(body: &[u8]) -> std::result::Result<Frame, String> {
+pub(crate) fn decode_frame(body: &[u8]) -> std::result::Result<Frame, String> {
     let truncated = || "setup message truncated".to_string();
     let mut r = Reader::new(body);
     if r.bytes(MAGIC.len()) != Some(MAGIC) {
@@ -297,6 +323,58 @@ fn wait_established(qp: QueuePair, peer: SocketAddr, deadline: Instant) -> Resul
 pub struct Listener {
     device: Device,
     tcp: TcpListener,
+    /// Hellos read by the per-client threads, oldest first.
+    arrivals: Mutex<mpsc::Receiver<Arrival>>,
+    arrived: mpsc::Sender<Arrival>,
+    /// Clients whose hello is being read now (a handle to close each, oldest first).
+    pending: Arc<Mutex<VecDeque<(u64, TcpStream)>>>,
+    /// Numbers the clients, to find each in `pending`.
+    next_client: AtomicU64,
+    /// Why the last few clients were dropped, for the timeout message.
+    refused: Arc<Mutex<Vec<String>>>,
+}
+
+/// A client that authenticated and sent a well-formed hello.
+#[derive(Debug)]
+struct Arrival {
+    stream: TcpStream,
+    from: SocketAddr,
+    hello: Frame,
+    /// The end of this client's setup.
+    deadline: Instant,
+}
+
+/// Forgets client `id` (its hello was read, or it failed).
+fn done(pending: &Mutex<VecDeque<(u64, TcpStream)>>, id: u64) {
+    let mut pending = pending.lock().unwrap_or_else(|p| p.into_inner());
+    pending.retain(|(i, _)| *i != id);
+}
+
+/// Reads one client's authentication and hello, within `deadline`.
+fn read_hello(
+    stream: &TcpStream,
+    from: SocketAddr,
+    auth: &Auth,
+    deadline: Instant,
+) -> Result<Frame> {
+    let peer = from.to_string();
+    let refused = |detail: String| VerbsError::Handshake {
+        peer: peer.clone(),
+        detail,
+    };
+    stream
+        .set_nonblocking(false)
+        .map_err(VerbsError::io("side channel"))?;
+    let _ = stream.set_nodelay(true);
+    let secret = auth.resolve().map_err(|e| refused(e.to_string()))?;
+    let mut io = DeadlineStream::new(stream, deadline);
+    tbrdma_auth::server(&mut io, secret.as_deref(), AUTH_CONTEXT)
+        .map_err(|e| refused(e.to_string()))?;
+    let hello = read_frame(&mut io, &peer)?;
+    if hello.kind != 1 {
+        return Err(refused("expected a hello".into()));
+    }
+    Ok(hello)
 }
 
 impl Listener {
@@ -313,9 +391,18 @@ impl Listener {
             ),
             source: e,
         })?;
+        // Accepting never blocks: `accept` polls the socket and the clients' hellos together.
+        tcp.set_nonblocking(true)
+            .map_err(VerbsError::io("listener"))?;
+        let (arrived, arrivals) = mpsc::channel();
         Ok(Listener {
             device: device.clone(),
             tcp,
+            arrivals: Mutex::new(arrivals),
+            arrived,
+            pending: Arc::new(Mutex::new(VecDeque::new())),
+            next_client: AtomicU64::new(0),
+            refused: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
@@ -328,6 +415,12 @@ impl Listener {
 
     /// Waits up to `wait` for a client (None: forever), then sets up the connection within
     /// `opts.timeout`.
+    ///
+    /// Clients that do not authenticate (`opts.auth`), send something other than a hello, or
+    /// send nothing within `opts.timeout` are dropped and logged, and do not end the wait (the
+    /// timeout's message lists the last few). A client that sent a well-formed hello and then
+    /// fails (it uses the other kind of data path, or the handshake over the link fails) ends
+    /// it with that error.
     pub fn accept(
         &self,
         pd: &ProtectionDomain,
@@ -336,19 +429,132 @@ impl Listener {
         opts: &QpOptions,
         wait: Option<Duration>,
     ) -> Result<Connected> {
-        let (mut stream, from) = self.accept_tcp(wait)?;
-        let deadline = Instant::now() + opts.timeout;
-        stream
-            .set_read_timeout(Some(opts.timeout))
-            .map_err(VerbsError::io("setting a timeout"))?;
-        let peer_name = from.to_string();
-        let hello = read_frame(&mut stream, &peer_name)?;
-        if hello.kind != 1 {
-            return Err(VerbsError::Handshake {
-                peer: peer_name,
-                detail: "expected a hello".into(),
-            });
+        let until = wait.map(|w| Instant::now() + w);
+        // Only one caller at a time takes arrivals; others wait here (each its own `wait`).
+        let arrivals = self.arrivals.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            self.take_new_clients(opts)?;
+            let slice = match until {
+                Some(until) => until
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(2)),
+                None => Duration::from_millis(2),
+            };
+            match arrivals.recv_timeout(slice) {
+                // A hello that waited past its client's deadline (no accept call meanwhile):
+                // the client has given up.
+                Ok(arrival) if arrival.deadline <= Instant::now() => {
+                    tracing::warn!(
+                        "connection manager: {} gave up before an accept took its hello",
+                        arrival.from
+                    );
+                }
+                Ok(arrival) => return self.answer(arrival, pd, send_cq, recv_cq, opts),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    unreachable!("the listener holds a sender")
+                }
+            }
+            if let (Some(until), Some(wait)) = (until, wait) {
+                if Instant::now() >= until {
+                    let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut what = "waiting for a client to connect".to_string();
+                    if !refused.is_empty() {
+                        what += &format!(" (clients refused meanwhile: {})", refused.join("; "));
+                    }
+                    return Err(VerbsError::Timeout { what, after: wait });
+                }
+            }
         }
+    }
+
+    /// Accepts every client waiting on the socket and starts reading its hello on a thread of
+    /// its own.
+    fn take_new_clients(&self, opts: &QpOptions) -> Result<()> {
+        loop {
+            let (stream, from) = match self.tcp.accept() {
+                Ok(pair) => pair,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+                // The client went away between its SYN and our accept.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => continue,
+                Err(e) => {
+                    return Err(VerbsError::Io {
+                        context: "accepting a connection".into(),
+                        source: e,
+                    });
+                }
+            };
+            let id = self.next_client.fetch_add(1, Ordering::Relaxed);
+            {
+                let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+                if pending.len() >= MAX_PENDING {
+                    if let Some((_, oldest)) = pending.pop_front() {
+                        // Its thread's next read fails, and it drops the client.
+                        let _ = oldest.shutdown(std::net::Shutdown::Both);
+                        tracing::warn!(
+                            "connection manager: {MAX_PENDING} clients setting up: closing the oldest"
+                        );
+                    }
+                }
+                match stream.try_clone() {
+                    Ok(handle) => pending.push_back((id, handle)),
+                    Err(e) => {
+                        tracing::warn!("connection manager: closing {from}: {e}");
+                        continue;
+                    }
+                }
+            }
+            let deadline = Instant::now() + opts.timeout;
+            let (auth, arrived) = (opts.auth.clone(), self.arrived.clone());
+            let (pending, refused) = (self.pending.clone(), self.refused.clone());
+            let spawned = std::thread::Builder::new()
+                .name("tbrdma-cm-hello".into())
+                .spawn(move || {
+                    match read_hello(&stream, from, &auth, deadline) {
+                        Ok(hello) => {
+                            // Fails only when the listener is gone: the stream closes with it.
+                            let _ = arrived.send(Arrival {
+                                stream,
+                                from,
+                                hello,
+                                deadline,
+                            });
+                        }
+                        Err(e) => {
+                            tracing::warn!("connection manager: dropping a client: {e}");
+                            let mut refused = refused.lock().unwrap_or_else(|p| p.into_inner());
+                            if refused.len() == REMEMBERED_REFUSALS {
+                                refused.remove(0);
+                            }
+                            refused.push(e.to_string());
+                        }
+                    }
+                    done(&pending, id);
+                });
+            if let Err(e) = spawned {
+                done(&self.pending, id);
+                tracing::warn!("connection manager: closing {from}: no thread for it: {e}");
+            }
+        }
+    }
+
+    /// Answers a client whose hello arrived, and waits for the handshake over the link.
+    fn answer(
+        &self,
+        arrival: Arrival,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        opts: &QpOptions,
+    ) -> Result<Connected> {
+        let Arrival {
+            stream,
+            from,
+            hello,
+            deadline,
+        } = arrival;
+        let peer_name = from.to_string();
+        let mut io = DeadlineStream::new(&stream, deadline);
         if let Some(detail) = path_mismatch(framed(&self.device), hello.framed) {
             // Tell the client why too (a refusal carries its reason as private data).
             let refusal = Frame {
@@ -362,7 +568,7 @@ impl Listener {
                     .into_bytes(),
                 framed: framed(&self.device),
             };
-            let _ = write_frame(&mut stream, &refusal);
+            let _ = write_frame(&mut io, &refusal);
             return Err(VerbsError::Handshake {
                 peer: peer_name,
                 detail,
@@ -388,7 +594,7 @@ impl Listener {
             peers: hello.data_addrs.clone(),
         };
         let qp = register(pd, send_cq, recv_cq, opts, agreed)?;
-        write_frame(&mut stream, &welcome).map_err(|e| VerbsError::Handshake {
+        write_frame(&mut io, &welcome).map_err(|e| VerbsError::Handshake {
             peer: peer_name.clone(),
             detail: format!("sending the answer: {e}"),
         })?;
@@ -398,47 +604,6 @@ impl Listener {
             peer_private_data: hello.private,
             peer: hello.data_addrs[0],
         })
-    }
-
-    fn accept_tcp(&self, wait: Option<Duration>) -> Result<(TcpStream, SocketAddr)> {
-        let Some(wait) = wait else {
-            return self
-                .tcp
-                .accept()
-                .map_err(VerbsError::io("accepting a connection"));
-        };
-        self.tcp
-            .set_nonblocking(true)
-            .map_err(VerbsError::io("listener"))?;
-        let start = Instant::now();
-        let result = loop {
-            match self.tcp.accept() {
-                Ok(pair) => break Ok(pair),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if start.elapsed() >= wait {
-                        break Err(VerbsError::Timeout {
-                            what: "waiting for a client to connect".into(),
-                            after: wait,
-                        });
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                Err(e) => {
-                    break Err(VerbsError::Io {
-                        context: "accepting a connection".into(),
-                        source: e,
-                    });
-                }
-            }
-        };
-        self.tcp
-            .set_nonblocking(false)
-            .map_err(VerbsError::io("listener"))?;
-        let (stream, from) = result?;
-        stream
-            .set_nonblocking(false)
-            .map_err(VerbsError::io("side channel"))?;
-        Ok((stream, from))
     }
 }
 
@@ -479,11 +644,20 @@ pub fn connect(
             },
         });
     }
-    let mut stream: TcpStream = socket.into();
+    let stream: TcpStream = socket.into();
     let _ = stream.set_nodelay(true);
-    stream
-        .set_read_timeout(Some(opts.timeout))
-        .map_err(VerbsError::io("setting a timeout"))?;
+    let peer_name = server.to_string();
+    let mut stream = DeadlineStream::new(&stream, deadline);
+    let secret = opts.auth.resolve().map_err(|e| VerbsError::Handshake {
+        peer: peer_name.clone(),
+        detail: e.to_string(),
+    })?;
+    tbrdma_auth::client(&mut stream, secret.as_deref(), AUTH_CONTEXT).map_err(|e| {
+        VerbsError::Handshake {
+            peer: peer_name.clone(),
+            detail: e.to_string(),
+        }
+    })?;
     let qp_num = device.inner.engine.reserve_qpn();
     let hello = Frame {
         kind: 1,
@@ -494,7 +668,6 @@ pub fn connect(
         private: opts.private_data.clone(),
         framed: framed(device),
     };
-    let peer_name = server.to_string();
     write_frame(&mut stream, &hello).map_err(|e| VerbsError::Handshake {
         peer: peer_name.clone(),
         detail: format!("sending the hello: {e}"),

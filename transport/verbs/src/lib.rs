@@ -66,14 +66,20 @@
 mod cm;
 mod device;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod pd;
 mod qp;
 
-pub use cm::{Connected, Listener, QpOptions, connect};
+pub use cm::{Connected, Listener, MAX_PENDING, QpOptions, connect};
 pub use device::{CompletionQueue, Device, DeviceConfig};
 pub use error::{Result, VerbsError};
 pub use pd::{MemoryRegion, ProtectionDomain};
 pub use qp::QueuePair;
+/// The cluster-secret handshake and its helpers (`tbrdma-auth`), for side channels built on
+/// this crate.
+pub use tbrdma_auth as auth;
+pub use tbrdma_auth::{Auth, Secret};
 pub use tbrdma_engine::cq::Completion;
 pub use tbrdma_engine::io::EngineKind;
 pub use tbrdma_engine::io::faults;

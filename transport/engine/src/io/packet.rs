@@ -37,7 +37,7 @@ use super::{DatagramIo, EngineKind, Landing, TxBatch, wait_readable};
 /// The Ethernet type of tbrdma frames: 0x88B5 is reserved for local experiments (IEEE 802).
 pub const ETHERTYPE: u16 = 0x88b5;
 /// Bytes of the address shim in front of every datagram.
-const SHIM: usize = 12;
+pub const SHIM: usize = 12;
 /// Frames in the receive ring, each holding one datagram of the largest size. Connections
 /// advertise no larger a window (see `Engine::window_limit`), so a peer never sends more than
 /// the ring holds. Few frames keep the ring warm in the cache: the kernel copies every frame in
@@ -342,6 +342,24 @@ fn shim(to: SocketAddrV4, from: SocketAddrV4) -> [u8; SHIM] {
     s
 }
 
+/// Splits a received frame (what follows the Ethernet header) into the datagram and its
+/// sender, if it is addressed to `to_us` (a shim whose first half names this rail) and carries
+/// a datagram. Whatever the frame holds: `None` or a sub-slice, never a panic.
+pub fn parse_frame<'a>(frame: &'a [u8], to_us: &[u8; SHIM]) -> Option<(&'a [u8], SocketAddr)> {
+    if frame.len() <= SHIM || frame[..6] != to_us[..6] {
+        return None;
+    }
+    let ip = Ipv4Addr::new(frame[6], frame[7], frame[8], frame[9]);
+    let port = u16::from_be_bytes([frame[10], frame[11]]);
+    Some((&frame[SHIM..], SocketAddr::new(IpAddr::V4(ip), port)))
+}
+
+/// The shim a frame for `local` starts with (its source half is `local` too: only the first
+/// half is compared on receipt).
+pub fn shim_for(local: SocketAddrV4) -> [u8; SHIM] {
+    shim(local, local)
+}
+
 impl DatagramIo for PacketIo {
     fn kind(&self) -> EngineKind {
         EngineKind::Packet
@@ -425,17 +443,17 @@ impl DatagramIo for PacketIo {
                 .ring
                 .bytes(i, SLL_OFFSET, SLL_LEN)
                 .and_then(unicast_source);
-            if let (Some(frame), Some(mac)) = (
-                data.filter(|f| {
-                    hdr.tp_snaplen == hdr.tp_len && f.len() > SHIM && f[..6] == to_us[..6]
-                }),
-                source,
-            ) {
-                let ip = Ipv4Addr::new(frame[6], frame[7], frame[8], frame[9]);
+            let whole = data.filter(|_| hdr.tp_snaplen == hdr.tp_len);
+            if let (Some((datagram, from)), Some(mac)) =
+                (whole.and_then(|f| parse_frame(f, &to_us)), source)
+            {
                 // Only from the host that owns the source the shim names.
-                if self.neighbours.accepts(ip, mac) {
-                    let port = u16::from_be_bytes([frame[10], frame[11]]);
-                    deliver(&frame[SHIM..], SocketAddr::new(IpAddr::V4(ip), port));
+                let genuine = match from {
+                    SocketAddr::V4(v4) => self.neighbours.accepts(*v4.ip(), mac),
+                    SocketAddr::V6(_) => false,
+                };
+                if genuine {
+                    deliver(datagram, from);
                 }
             }
             self.ring.release(i);
