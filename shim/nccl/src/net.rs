@@ -254,6 +254,8 @@ impl Plugin {
 }
 
 fn qp_options(config: &PluginConfig) -> QpOptions {
+    let defaults = Config::default();
+    let idle_timeout = config.idle_timeout.unwrap_or(defaults.idle_timeout);
     QpOptions {
         config: Config {
             // Only a connection's first messages can arrive before the other end has posted
@@ -261,7 +263,10 @@ fn qp_options(config: &PluginConfig) -> QpOptions {
             // sender's control receives right after connect): give them time, not an error.
             rnr_delay: Duration::from_millis(1),
             max_rnr_retries: 5_000,
-            ..Config::default()
+            idle_timeout,
+            // Six keep-alives per idle timeout, as the transport's defaults (500 ms for 3 s).
+            keepalive_interval: (idle_timeout / 6).min(defaults.keepalive_interval),
+            ..defaults
         },
         private_data: HELLO.to_vec(),
         timeout: config.connect_timeout,
