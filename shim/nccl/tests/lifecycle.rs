@@ -354,7 +354,9 @@ fn role_idle() {
         }
     };
     exchange(&mut tx, &mut rx, 0);
-    let idle = Duration::from_millis(IDLE_MS * 8);
+    // Twenty idle timeouts, and longer than the transport's default one (3 s), which a
+    // plugin without the setting would use.
+    let idle = Duration::from_millis(IDLE_MS * 20);
     let cpu = cpu_time();
     std::thread::sleep(idle);
     let used = cpu_time() - cpu;
@@ -502,7 +504,7 @@ fn idle_in(progress: Option<&str>) {
     );
 }
 
-/// The default settings: a connection left idle (no plugin call) for eight idle timeouts works
+/// The default settings: a connection left idle (no plugin call) for twenty idle timeouts works
 /// afterwards, and no core was kept busy meanwhile.
 #[test]
 fn an_idle_connection_survives_with_the_default_settings() {
@@ -600,8 +602,9 @@ fn arrived_messages_complete_even_after_the_connection_failed() {
     std::thread::sleep(Duration::from_millis(100));
     writeln!(sender.stdin.as_mut().expect("stdin"), "exit").expect("stop the sender");
     finish(sender);
-    // Long enough for the connection to have failed (several idle timeouts).
-    std::thread::sleep(Duration::from_millis(IDLE_MS * 6));
+    // Long enough for the connection to have failed: twenty idle timeouts (and more than the
+    // transport's default one, 3 s).
+    std::thread::sleep(Duration::from_millis(IDLE_MS * 20));
     for m in 0..10 {
         let req = rx
             .irecv(m * 1024, 1024)
