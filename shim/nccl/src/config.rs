@@ -11,7 +11,8 @@ use crate::error::NetError;
 pub const ENV_IFACES: &str = "TBRDMA_IFACES";
 /// Engine backend: `uring` (default, falls back to sockets) or `sockets`.
 pub const ENV_ENGINE: &str = "TBRDMA_ENGINE";
-/// Progress mode: `thread` (default) or `caller`.
+/// Progress mode: `caller` (default: NCCL's calls run the engine, the keeper when NCCL stops
+/// calling) or `thread` (an engine thread per link).
 pub const ENV_PROGRESS: &str = "TBRDMA_PROGRESS";
 /// Link speed to report to NCCL, in Mbit/s.
 pub const ENV_SPEED: &str = "TBRDMA_SPEED_MBPS";
@@ -19,6 +20,14 @@ pub const ENV_SPEED: &str = "TBRDMA_SPEED_MBPS";
 pub const ENV_LATENCY: &str = "TBRDMA_LATENCY_US";
 /// Longest connection setup, in milliseconds.
 pub const ENV_CONNECT_TIMEOUT: &str = "TBRDMA_CONNECT_TIMEOUT_MS";
+
+/// Progress mode when `TBRDMA_PROGRESS` is unset: the caller drives the engine while NCCL
+/// polls, the keeper takes over when it stops (docs/nccl.md, "Progress", for the measurements).
+pub const DEFAULT_PROGRESS: Progress = Progress::Caller;
+
+/// Silence after which a connection with nothing outstanding counts its peer as dead, in
+/// milliseconds (keep-alives go every sixth of it). Default 3000.
+pub const ENV_IDLE_TIMEOUT: &str = "TBRDMA_IDLE_TIMEOUT_MS";
 
 /// Interface-name prefixes picked when `TBRDMA_IFACES` is unset.
 pub const DEFAULT_PREFIXES: [&str; 2] = ["thunderbolt", "usb4"];
@@ -36,6 +45,8 @@ pub struct PluginConfig {
     pub latency_us: f32,
     /// Longest connection setup.
     pub connect_timeout: Duration,
+    /// Silence after which an idle connection fails (None: the transport's default, 3 s).
+    pub idle_timeout: Option<Duration>,
 }
 
 fn parse<T: std::str::FromStr>(name: &str, value: &str) -> Result<T, NetError> {
@@ -66,7 +77,7 @@ impl PluginConfig {
             }
         };
         let progress = match get(ENV_PROGRESS) {
-            None => Progress::Thread,
+            None => DEFAULT_PROGRESS,
             Some(v) => v
                 .trim()
                 .parse::<Progress>()
@@ -87,11 +98,19 @@ impl PluginConfig {
                 .transpose()?
                 .unwrap_or(10_000),
         );
+        let idle_timeout = get(ENV_IDLE_TIMEOUT)
+            .map(|v| parse::<u64>(ENV_IDLE_TIMEOUT, &v))
+            .transpose()?
+            .map(|ms| Duration::from_millis(ms.max(1)));
         Ok(PluginConfig {
+            idle_timeout,
             links,
             engine: EngineConfig {
                 engine,
                 progress,
+                // NCCL's proxy thread stops calling between collectives: the keeper then runs
+                // the engine, so idle connections live and dead peers are noticed.
+                keeper_takeover: true,
                 ..EngineConfig::default()
             },
             speed_mbps,
@@ -114,10 +133,11 @@ mod tests {
     }
 
     #[test]
-    fn defaults_pick_thread_progress_and_the_uring_engine() {
+    fn defaults_pick_caller_progress_with_the_keeper_taking_over() {
         let c = PluginConfig::from_env(env(&[])).unwrap();
         assert!(c.links.is_empty());
-        assert_eq!(c.engine.progress, Progress::Thread);
+        assert_eq!(c.engine.progress, Progress::Caller);
+        assert!(c.engine.keeper_takeover);
         assert_eq!(c.engine.engine, EngineKind::Uring);
         assert_eq!(c.speed_mbps, None);
     }

@@ -59,6 +59,30 @@ pub enum NetError {
         /// The error.
         source: tbrdma_verbs::VerbsError,
     },
+    /// The locked-memory limit is too low for a comm's own buffers.
+    #[error(
+        "tbrdma NET: cannot pin {what} of a new connection: the locked-memory limit \
+         (RLIMIT_MEMLOCK) is {limit}, this process has {locked_kib} KiB locked, and each \
+         connection needs {needs_kib} KiB more (a receive comm {recv_kib} KiB, a send comm \
+         {send_kib} KiB; NCCL opens one of each per channel and peer). Fix: `ulimit -l \
+         unlimited` before starting the job, `--ulimit memlock=-1:-1` for docker/podman, \
+         `LimitMEMLOCK=infinity` for a systemd unit, or `* - memlock unlimited` in \
+         /etc/security/limits.d/90-tbrdma.conf (then log in again)",
+        locked_kib = locked / 1024,
+        needs_kib = needs / 1024,
+        recv_kib = crate::comm::RECV_PINNED / 1024,
+        send_kib = crate::comm::SEND_PINNED / 1024
+    )]
+    Memlock {
+        /// The soft limit, as the engine reports it ("65536 bytes", "unlimited").
+        limit: String,
+        /// Bytes the process had locked.
+        locked: usize,
+        /// Bytes the comm being created pins.
+        needs: usize,
+        /// Which buffers failed.
+        what: &'static str,
+    },
     /// A panic was caught at the C boundary.
     #[error("tbrdma NET: internal error (panic) in {entry}: {detail}")]
     Panic {
@@ -74,7 +98,9 @@ impl NetError {
     pub fn code(&self) -> NcclResult {
         match self {
             NetError::Config { .. } | NetError::Truncated { .. } => NCCL_INVALID_USAGE,
-            NetError::NoDevice { .. } | NetError::Verbs { .. } => NCCL_SYSTEM_ERROR,
+            NetError::NoDevice { .. } | NetError::Verbs { .. } | NetError::Memlock { .. } => {
+                NCCL_SYSTEM_ERROR
+            }
             NetError::Remote { .. } => NCCL_REMOTE_ERROR,
             NetError::NotInitialized | NetError::Misuse { .. } | NetError::Panic { .. } => {
                 NCCL_INTERNAL_ERROR

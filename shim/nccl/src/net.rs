@@ -10,7 +10,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tbrdma_proto::codec::{Put, Reader, SOCKET_ADDR_LEN, SliceWriter};
 use tbrdma_verbs::{
@@ -28,9 +28,17 @@ use crate::log;
 pub const PLUGIN_NAME: &std::ffi::CStr = c"tbrdma";
 /// The one logical device's name.
 pub const DEVICE_NAME: &std::ffi::CStr = c"tbrdma0";
-/// Private data both ends send during setup: magic and protocol version (2: eager messages,
-/// credits and CTS by message number; peers speaking version 1 are refused at setup).
-const HELLO: &[u8; 8] = b"tbNCCL\x00\x02";
+/// Private data both ends send during setup: magic and protocol version (3: the connector
+/// adds the listen id of the handle it was given; 2: eager messages, credits and CTS by
+/// message number; peers speaking an older version are refused at setup).
+const HELLO: &[u8; 8] = b"tbNCCL\x00\x03";
+/// Acceptor threads per listen comm: each sets up one connection at a time, so a client that
+/// stalls in the middle of its handshake (until the connection manager's deadline) holds one
+/// of them, never the legitimate ranks behind it.
+const ACCEPTORS: usize = 4;
+/// Connections set up and not yet taken by `accept`, per listen comm: more are closed at once
+/// (NCCL accepts each connection it expects, so only strangers reach this).
+const ACCEPT_BACKLOG: usize = 64;
 /// Most links listed in a handle.
 pub const MAX_HANDLE_ADDRS: usize = 4;
 const HANDLE_MAGIC: &[u8; 4] = b"tbNC";
@@ -254,6 +262,8 @@ impl Plugin {
 }
 
 fn qp_options(config: &PluginConfig) -> QpOptions {
+    let defaults = Config::default();
+    let idle_timeout = config.idle_timeout.unwrap_or(defaults.idle_timeout);
     QpOptions {
         config: Config {
             // Only a connection's first messages can arrive before the other end has posted
@@ -261,7 +271,10 @@ fn qp_options(config: &PluginConfig) -> QpOptions {
             // sender's control receives right after connect): give them time, not an error.
             rnr_delay: Duration::from_millis(1),
             max_rnr_retries: 5_000,
-            ..Config::default()
+            idle_timeout,
+            // Six keep-alives per idle timeout, as the transport's defaults (500 ms for 3 s).
+            keepalive_interval: (idle_timeout / 6).min(defaults.keepalive_interval),
+            ..defaults
         },
         private_data: HELLO.to_vec(),
         timeout: config.connect_timeout,
@@ -277,6 +290,19 @@ fn check_hello(peer: SocketAddr, data: &[u8]) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// What a connector sends: [`HELLO`] and the listen id from the handle.
+fn connector_hello(listen_id: u64) -> Vec<u8> {
+    let mut v = HELLO.to_vec();
+    v.extend_from_slice(&listen_id.to_le_bytes());
+    v
+}
+
+/// Locks `m`, carrying on past a panic of another holder (the tables stay consistent: every
+/// change to them is one insert or remove), so one panicking call cannot fail every later one.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -314,6 +340,12 @@ fn decode_handle(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Vec<SocketAddr>> {
     (0..n).map(|_| r.socket_addr().ok_or_else(none)).collect()
 }
 
+/// The listen id a handle carries (after [`decode_handle`] accepted it).
+fn handle_listen_id(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> u64 {
+    let mut r = Reader::new(&h[8..]);
+    r.u64().unwrap_or(0)
+}
+
 fn stage_of(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Option<u64> {
     let mut r = Reader::new(h.get(STAGE_AT..)?);
     let id = r.u64()?;
@@ -339,14 +371,14 @@ fn set_stage(h: &mut [u8; NCCL_NET_HANDLE_MAXSIZE], id: Option<u64>) {
 pub struct ListenComm {
     accepted: Arc<Mutex<VecDeque<Result<RecvComm>>>>,
     stop: Arc<AtomicBool>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Drop for ListenComm {
     fn drop(&mut self) {
-        // The acceptor notices within one slice; not waiting keeps closeListen non-blocking.
+        // The acceptors notice within one slice; not waiting keeps closeListen non-blocking.
         self.stop.store(true, Ordering::SeqCst);
-        drop(self.thread.lock().map(|mut t| t.take()));
+        lock(&self.threads).clear();
     }
 }
 
@@ -399,7 +431,7 @@ fn insert(obj: Object) -> u64 {
     let id = next_id();
     OBJECTS
         .write()
-        .expect("objects lock")
+        .unwrap_or_else(|e| e.into_inner())
         .get_or_insert_with(HashMap::new)
         .insert(id, obj);
     id
@@ -408,23 +440,22 @@ fn insert(obj: Object) -> u64 {
 fn lookup(id: u64) -> Option<Object> {
     OBJECTS
         .read()
-        .expect("objects lock")
+        .unwrap_or_else(|e| e.into_inner())
         .as_ref()?
         .get(&id)
         .cloned()
 }
 
 fn remove(id: u64) -> Option<Object> {
-    OBJECTS.write().expect("objects lock").as_mut()?.remove(&id)
+    OBJECTS
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_mut()?
+        .remove(&id)
 }
 
 fn plugin() -> Result<Arc<Plugin>> {
-    GLOBAL
-        .lock()
-        .expect("global lock")
-        .plugin
-        .clone()
-        .ok_or(NetError::NotInitialized)
+    lock(&GLOBAL).plugin.clone().ok_or(NetError::NotInitialized)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -432,7 +463,7 @@ fn plugin() -> Result<Arc<Plugin>> {
 
 /// `init`: opens the links on the first call; later calls keep them (idempotent).
 pub fn init() -> Result<()> {
-    let mut g = GLOBAL.lock().expect("global lock");
+    let mut g = lock(&GLOBAL);
     if g.plugin.is_some() {
         return Ok(());
     }
@@ -447,20 +478,32 @@ pub fn init() -> Result<()> {
 pub fn init_context() -> Result<u64> {
     init()?;
     let id = next_id();
-    GLOBAL.lock().expect("global lock").contexts.insert(id);
+    lock(&GLOBAL).contexts.insert(id);
     Ok(id)
 }
 
 /// v11 `finalize`: forgets the context; after the last one the links close as soon as no
 /// comm uses them (NCCL may unload the library next).
 pub fn finalize_context(ctx: u64) -> Result<()> {
-    let mut g = GLOBAL.lock().expect("global lock");
+    if ctx == 0 {
+        // NCCL finalizes the context it holds even when `init` failed and never set one:
+        // nothing to do, and nothing to warn about (the failed init said why already).
+        return Ok(());
+    }
+    let mut g = lock(&GLOBAL);
     if !g.contexts.remove(&ctx) {
         return Err(NetError::misuse(format!(
             "finalize of unknown context {ctx:#x}"
         )));
     }
     if g.contexts.is_empty() {
+        drop(g);
+        // NCCL may unload the library next: give sends that completed time to be delivered.
+        settle_lingering(true);
+        let mut g = lock(&GLOBAL);
+        if !g.contexts.is_empty() {
+            return Ok(());
+        }
         g.plugin = None;
         log::info("tbrdma NET: last context finalized, links released");
         let faults = tbrdma_verbs::faults::injected();
@@ -474,7 +517,7 @@ pub fn finalize_context(ctx: u64) -> Result<()> {
 
 /// Whether `ctx` is a live v11 context.
 pub fn check_context(ctx: u64) -> Result<()> {
-    if GLOBAL.lock().expect("global lock").contexts.contains(&ctx) {
+    if lock(&GLOBAL).contexts.contains(&ctx) {
         Ok(())
     } else {
         Err(NetError::misuse(format!("unknown context {ctx:#x}")))
@@ -517,26 +560,38 @@ pub fn listen(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<u6
         listeners.push((l, link.clone()));
     }
     let id = next_id();
-    encode_handle(listen_nonce(id), &addrs, handle);
+    let nonce = listen_nonce(id);
+    encode_handle(nonce, &addrs, handle);
     let accepted = Arc::new(Mutex::new(VecDeque::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let options = qp_options(&plugin.config);
-    let thread = {
-        let (accepted, stop) = (accepted.clone(), stop.clone());
-        std::thread::Builder::new()
+    let listeners = Arc::new(listeners);
+    let mut threads = Vec::new();
+    for _ in 0..ACCEPTORS {
+        let (accepted, stopping) = (accepted.clone(), stop.clone());
+        let (listeners, options) = (listeners.clone(), options.clone());
+        let thread = std::thread::Builder::new()
             .name("tbrdma-accept".into())
-            .spawn(move || acceptor(listeners, options, accepted, stop))
-            .map_err(|e| NetError::misuse(format!("starting the acceptor thread: {e}")))?
-    };
+            .spawn(move || acceptor(&listeners, &options, nonce, &accepted, &stopping));
+        match thread {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                stop.store(true, Ordering::SeqCst);
+                return Err(NetError::misuse(format!(
+                    "starting the acceptor thread: {e}"
+                )));
+            }
+        }
+    }
     let comm = ListenComm {
         accepted,
         stop,
-        thread: Mutex::new(Some(thread)),
+        threads: Mutex::new(threads),
     };
     let obj = Object::Listen(Arc::new(comm));
     OBJECTS
         .write()
-        .expect("objects lock")
+        .unwrap_or_else(|e| e.into_inner())
         .get_or_insert_with(HashMap::new)
         .insert(id, obj);
     log::info(&format!("tbrdma NET: listening on {addrs:?}"));
@@ -547,43 +602,62 @@ fn is_no_client_yet(e: &VerbsError) -> bool {
     matches!(e, VerbsError::Timeout { what, .. } if what.starts_with("waiting for a client"))
 }
 
+/// One acceptor thread: sets up the connections made to the listeners, one at a time, and
+/// queues those `accept` should hand out. A handshake that fails, a client that is not a
+/// tbrdma plugin of this version or was not given this listener's handle (its listen id
+/// differs) is closed and logged, never queued: NCCL's next `accept` must be a rank it expects.
+/// Only a local failure to set the comm up (memory) is queued, for `accept` to report.
 fn acceptor(
-    listeners: Vec<(Listener, Arc<LocalLink>)>,
-    options: QpOptions,
-    accepted: Arc<Mutex<VecDeque<Result<RecvComm>>>>,
-    stop: Arc<AtomicBool>,
+    listeners: &[(Listener, Arc<LocalLink>)],
+    options: &QpOptions,
+    nonce: u64,
+    accepted: &Mutex<VecDeque<Result<RecvComm>>>,
+    stop: &AtomicBool,
 ) {
+    let expected = connector_hello(nonce);
     while !stop.load(Ordering::SeqCst) {
-        for (listener, link) in &listeners {
+        for (listener, link) in listeners {
             let cq: CompletionQueue = link.device.create_cq(CQ_CAPACITY);
-            let outcome = listener.accept(&link.pd, &cq, &cq, &options, Some(ACCEPT_SLICE));
-            let result = match outcome {
+            let outcome = listener.accept(&link.pd, &cq, &cq, options, Some(ACCEPT_SLICE));
+            let conn = match outcome {
                 Err(e) if is_no_client_yet(&e) => continue,
-                Err(e) => Err(NetError::verbs(format!("accepting on {}", link.name))(e)),
-                Ok(conn) => check_hello(conn.peer, &conn.peer_private_data).and_then(|()| {
-                    let comm = RecvComm::new(Link {
-                        qp: conn.qp,
-                        cq,
-                        pd: link.pd.clone(),
-                        peer: conn.peer.to_string(),
-                    })?;
+                Err(e) => {
                     log::info(&format!(
-                        "tbrdma NET: accepted a connection from {} on {}",
-                        conn.peer, link.name
+                        "tbrdma NET: dropped a failed connection attempt on {}: {e}",
+                        link.name
                     ));
-                    Ok(comm)
-                }),
+                    continue;
+                }
+                Ok(conn) => conn,
             };
-            if let Err(e) = &result {
-                log::warn(&e.to_string());
+            if conn.peer_private_data != expected {
+                log::info(&format!(
+                    "tbrdma NET: dropped a connection from {} on {}: not a tbrdma NCCL plugin of this version, or not given this listener's handle",
+                    conn.peer, link.name
+                ));
+                continue;
+            }
+            let result = RecvComm::new(Link {
+                qp: conn.qp,
+                cq,
+                pd: link.pd.clone(),
+                peer: conn.peer.to_string(),
+            });
+            if result.is_ok() {
+                log::info(&format!(
+                    "tbrdma NET: accepted a connection from {} on {} ({} KiB pinned by the plugin)",
+                    conn.peer,
+                    link.name,
+                    crate::comm::PINNED.load(Ordering::Relaxed) / 1024
+                ));
             }
             if stop.load(Ordering::SeqCst) {
                 return;
             }
-            accepted
-                .lock()
-                .expect("accept queue lock")
-                .push_back(result);
+            let mut queue = lock(accepted);
+            if queue.len() < ACCEPT_BACKLOG {
+                queue.push_back(result);
+            }
         }
     }
 }
@@ -595,7 +669,7 @@ pub fn accept(listen_id: u64) -> Result<Option<u64>> {
             "accept on {listen_id:#x}, which is not a listen comm"
         )));
     };
-    let next = l.accepted.lock().expect("accept queue lock").pop_front();
+    let next = lock(&l.accepted).pop_front();
     match next {
         None => Ok(None),
         Some(Err(e)) => Err(e),
@@ -608,7 +682,7 @@ pub fn accept(listen_id: u64) -> Result<Option<u64>> {
 pub fn connect(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Option<u64>> {
     check_dev(dev)?;
     let addrs = decode_handle(handle)?;
-    let mut pending = PENDING.lock().expect("pending lock");
+    let mut pending = lock(&PENDING);
     let table = pending.get_or_insert_with(HashMap::new);
     // NCCL passes the same buffer on every retry, so the stage bytes find the helper. Should a
     // caller pass a fresh copy of the handle instead, its listener bytes (addresses and a random
@@ -625,7 +699,7 @@ pub fn connect(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<O
         });
     if let Some(id) = stage {
         if let Some(p) = table.get(&id) {
-            let outcome = p.outcome.lock().expect("outcome lock").take();
+            let outcome = lock(&p.outcome).take();
             return match outcome {
                 None => Ok(None),
                 Some(result) => {
@@ -638,7 +712,8 @@ pub fn connect(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<O
     }
     let plugin = plugin()?;
     let (link, server) = plugin.route(&addrs);
-    let options = qp_options(&plugin.config);
+    let mut options = qp_options(&plugin.config);
+    options.private_data = connector_hello(handle_listen_id(handle));
     let p = Arc::new(PendingConnect {
         target,
         outcome: Mutex::new(None),
@@ -649,11 +724,9 @@ pub fn connect(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<O
         std::thread::Builder::new()
             .name("tbrdma-connect".into())
             .spawn(move || {
+                // A failure is logged once, by the `connect` call that reports it.
                 let result = connect_blocking(&link, server, &options);
-                if let Err(e) = &result {
-                    log::warn(&e.to_string());
-                }
-                *p.outcome.lock().expect("outcome lock") = Some(result);
+                *lock(&p.outcome) = Some(result);
             })
             .map_err(|e| NetError::misuse(format!("starting the connect thread: {e}")))?;
     }
@@ -668,16 +741,18 @@ fn connect_blocking(link: &LocalLink, server: SocketAddr, options: &QpOptions) -
         NetError::verbs(format!("connecting to {server} over {}", link.name)),
     )?;
     check_hello(server, &conn.peer_private_data)?;
-    log::info(&format!(
-        "tbrdma NET: connected to {server} over {}",
-        link.name
-    ));
-    SendComm::new(Link {
+    let comm = SendComm::new(Link {
         qp: conn.qp,
         cq,
         pd: link.pd.clone(),
         peer: server.to_string(),
-    })
+    })?;
+    log::info(&format!(
+        "tbrdma NET: connected to {server} over {} ({} KiB pinned by the plugin)",
+        link.name,
+        crate::comm::PINNED.load(Ordering::Relaxed) / 1024
+    ));
+    Ok(comm)
 }
 
 /// Which end a registration belongs to.
@@ -722,7 +797,8 @@ pub fn progress_waiting_sends() {
     if crate::comm::WAITING_SENDS.load(Ordering::Relaxed) == 0 {
         return;
     }
-    let sends: Vec<Arc<SendComm>> = match OBJECTS.read().expect("objects lock").as_ref() {
+    let sends: Vec<Arc<SendComm>> = match OBJECTS.read().unwrap_or_else(|e| e.into_inner()).as_ref()
+    {
         None => return,
         Some(map) => map
             .values()
@@ -734,6 +810,37 @@ pub fn progress_waiting_sends() {
     };
     for s in sends {
         s.try_progress();
+    }
+}
+
+/// Longest a closed send comm is kept for its completed sends to be acknowledged: longer than
+/// the transport's retransmission budget (about 3 s by default), after which the connection
+/// has failed anyway.
+const LINGER: Duration = Duration::from_secs(10);
+
+/// Send comms NCCL closed while a send that already completed (a staged eager message) was
+/// not acknowledged yet: the queue pair stays open, and the engine keeps retransmitting, until
+/// it is (`closeSend` must not lose what `test` said was sent), the connection fails or
+/// [`LINGER`] passes.
+static LINGERING: Mutex<Vec<(Arc<SendComm>, Instant)>> = Mutex::new(Vec::new());
+
+/// Drops the lingering send comms that are done; with `wait`, first waits (bounded by their
+/// deadlines) until all are.
+fn settle_lingering(wait: bool) {
+    loop {
+        let left = {
+            let mut list = lock(&LINGERING);
+            if list.is_empty() {
+                return;
+            }
+            let now = Instant::now();
+            list.retain(|(s, deadline)| now < *deadline && s.unacked_completed_sends());
+            list.len()
+        };
+        if left == 0 || !wait {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -749,6 +856,7 @@ pub fn test(request: u64) -> Result<Option<u64>> {
         return Err(NetError::misuse(format!("{request:#x} is not a request")));
     }
     progress_waiting_sends();
+    settle_lingering(false);
     match lookup(comm) {
         Some(Object::Send(s)) => s.test(slot - 1),
         Some(Object::Recv(r)) => r.test(slot - 1),
@@ -761,12 +869,18 @@ pub fn test(request: u64) -> Result<Option<u64>> {
 /// `closeSend` / `closeRecv` / `closeListen`: forgets the comm; everything it owns is freed
 /// once no call in flight on another thread still uses it.
 pub fn close(id: u64, kind: &str) -> Result<()> {
-    let ok = matches!(
-        (remove(id), kind),
-        (Some(Object::Send(_)), "send")
-            | (Some(Object::Recv(_)), "recv")
-            | (Some(Object::Listen(_)), "listen")
-    );
+    settle_lingering(false);
+    let ok = match (remove(id), kind) {
+        (Some(Object::Send(s)), "send") => {
+            if s.unacked_completed_sends() {
+                let deadline = Instant::now() + LINGER;
+                lock(&LINGERING).push((s, deadline));
+            }
+            true
+        }
+        (Some(Object::Recv(_)), "recv") | (Some(Object::Listen(_)), "listen") => true,
+        _ => false,
+    };
     if ok {
         Ok(())
     } else {

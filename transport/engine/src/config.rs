@@ -59,6 +59,13 @@ pub struct EngineConfig {
     /// the peers' smallest retransmission timeout ([`Config::initial_rto`]), or an application
     /// that pauses makes its peers retransmit for nothing.
     pub keeper_period: Duration,
+    /// Caller mode: when the application has stopped calling, the keeper runs the whole loop
+    /// in its place (receive, acknowledgements, keep-alives, retransmissions), blocking in the
+    /// backend's wait between passes (no spinning), until the application calls again. Without
+    /// it the keeper only sends held acknowledgements, and a connection nobody polls fails
+    /// after [`Config::idle_timeout`]. NCCL's proxy thread stops calling between collectives,
+    /// so the NCCL plugin turns it on (docs/nccl.md, "Progress"); see `keeper.rs`.
+    pub keeper_takeover: bool,
     /// Data packets whose payload is at least this many bytes are sent as gathered datagrams:
     /// the header from the engine's buffer and the payload straight from the registered region
     /// (two iovecs), saving a user-space copy of every payload byte; smaller payloads are
@@ -96,6 +103,7 @@ impl Default for EngineConfig {
             hold_acks: true,
             gather_threshold: DEFAULT_GATHER_THRESHOLD,
             keeper_period: KEEPER_HOLD,
+            keeper_takeover: false,
             faults: None,
         }
     }

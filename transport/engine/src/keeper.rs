@@ -6,9 +6,19 @@
 //! and nothing held; a polling application makes no system call for it. The keeper never
 //! receives, and runs in `SCHED_BATCH` so that waking up never preempts a polling thread.
 //!
-//! This module owns the keeper's alarm and its record of the application's last poll; what a
-//! check does with the engine's state (send the held acknowledgements) is given to
-//! [`Keeper::run`] by the progress loop, which owns the state.
+//! With [`EngineConfig::keeper_takeover`] the keeper does more once the application has gone
+//! for longer ([`TAKEOVER_AWAY`], 10 ms): it runs the whole loop in the application's place (receive,
+//! acknowledgements, keep-alives, retransmissions), blocking in the backend's wait until a
+//! datagram, a deadline or the application's return, so an idle connection lives and a dead
+//! peer is noticed with no core kept busy. The application's next call wakes it and takes the
+//! loop back (see `progress.rs`). While the application polls, the alarm stays armed and the
+//! keeper only checks, once per period, whether it is still there.
+//!
+//! This module owns the keeper's alarm and its record of the application's last call; what a
+//! check does with the engine's state (send the held acknowledgements, or take over the loop)
+//! is given to [`Keeper::run`] by the progress loop, which owns the state.
+//!
+//! [`EngineConfig::keeper_takeover`]: crate::worker::EngineConfig::keeper_takeover
 //!
 //! [`EngineConfig::keeper_period`]: crate::worker::EngineConfig::keeper_period
 
@@ -29,6 +39,13 @@ use tbrdma_proto::Time;
 pub const KEEPER_HOLD: Duration = Duration::from_micros(500);
 /// Caller mode: the keeper counts the application as gone when it has not polled for this long.
 const KEEPER_AWAY: Duration = Duration::from_micros(100);
+/// Caller mode with takeover: the keeper runs the loop itself once the application has not
+/// called for this long. Far longer than a descheduled polling thread is usually away on a busy
+/// host (each takeover makes the returning application wait for the keeper to be scheduled
+/// before it has the backends again), far shorter than any connection timer that matters:
+/// retransmissions start at 1 ms but a retransmission budget lasts seconds, keep-alives go
+/// every 500 ms.
+pub const TAKEOVER_AWAY: Duration = Duration::from_millis(10);
 // How the keeper's alarm is kept: a periodic timerfd, armed by the application's first poll
 // after the keeper parked and disarmed when the keeper finds the application gone and nothing
 // held (both under the state lock). A polling application makes no system call for the
@@ -54,11 +71,13 @@ pub(crate) struct Keeper {
     armed: AtomicBool,
     /// [`EngineConfig::keeper_period`](crate::worker::EngineConfig::keeper_period).
     period: Duration,
+    /// [`EngineConfig::keeper_takeover`](crate::worker::EngineConfig::keeper_takeover).
+    takeover: bool,
 }
 
 impl Keeper {
     /// A keeper with an alarm of period `period` when `caller_mode`, none otherwise.
-    pub(crate) fn new(caller_mode: bool, period: Duration) -> io::Result<Keeper> {
+    pub(crate) fn new(caller_mode: bool, period: Duration, takeover: bool) -> io::Result<Keeper> {
         Ok(Keeper {
             last_entry: AtomicU64::new(0),
             timer: if caller_mode {
@@ -71,7 +90,34 @@ impl Keeper {
             },
             armed: AtomicBool::new(false),
             period: period.max(Duration::from_micros(1)),
+            takeover,
         })
+    }
+
+    /// Whether the keeper takes over the loop when the application goes away.
+    pub(crate) fn takes_over(&self) -> bool {
+        self.takeover && self.timer.is_some()
+    }
+
+    /// The application called at `now` (before it locks anything, so that a keeper about to
+    /// block in the backend's wait sees it; see `Shared::enter`).
+    pub(crate) fn note_entry(&self, now: Time) {
+        self.last_entry.store(now.0, Ordering::SeqCst);
+    }
+
+    /// Whether the application has not called for `KEEPER_AWAY` at `now`.
+    pub(crate) fn app_away(&self, now: Time) -> bool {
+        now.0.saturating_sub(self.last_entry.load(Ordering::SeqCst))
+            >= KEEPER_AWAY.as_nanos() as u64
+    }
+
+    fn arm(&self) {
+        if let Some(timer) = &self.timer {
+            let every = TimeSpec::from_duration(self.period);
+            if let Err(e) = timer.set(Expiration::Interval(every), TimerSetTimeFlags::empty()) {
+                tracing::error!("cannot set the keeper's timer: {e}");
+            }
+        }
     }
 
     /// The application entered the loop at `now`. Call under the state lock: a parked keeper
@@ -81,12 +127,7 @@ impl Keeper {
         self.last_entry.store(now.0, Ordering::Relaxed);
         if !self.armed.load(Ordering::Relaxed) {
             self.armed.store(true, Ordering::Relaxed);
-            if let Some(timer) = &self.timer {
-                let every = TimeSpec::from_duration(self.period);
-                if let Err(e) = timer.set(Expiration::Interval(every), TimerSetTimeFlags::empty()) {
-                    tracing::error!("cannot set the keeper's timer: {e}");
-                }
-            }
+            self.arm();
         }
     }
 
@@ -114,11 +155,15 @@ impl Keeper {
     /// The keeper thread's body: waits for the alarm and, whenever the application has not
     /// polled for a while, calls `flush_held_acks` (which parks the keeper, see [`Self::park`],
     /// when nothing is left). Returns once `stop` is set and the alarm rang.
+    ///
+    /// With takeover, a check that finds the application gone calls `take_over` instead, which
+    /// returns once the application is back (or `stop` is set); the alarm is off meanwhile.
     pub(crate) fn run(
         &self,
         stop: &AtomicBool,
         now: impl Fn() -> Time,
         mut flush_held_acks: impl FnMut() -> io::Result<bool>,
+        mut take_over: impl FnMut() -> io::Result<()>,
     ) {
         if let Err(e) = crate::sched::set_batch_scheduling() {
             tracing::debug!("keeper stays in the default scheduling class: {e}");
@@ -130,6 +175,12 @@ impl Keeper {
         // when it has not polled for `KEEPER_AWAY`, so held acknowledgements go out at most
         // `period + KEEPER_AWAY` after its last poll.
         let away_ns = KEEPER_AWAY.as_nanos() as u64;
+        if self.takes_over() {
+            // Never parked: the alarm runs from the start (an application that never polls is
+            // away), and is off only while the keeper runs the loop itself.
+            self.armed.store(true, Ordering::Relaxed);
+            self.arm();
+        }
         loop {
             // Parked (disarmed) this waits until a poll arms the alarm.
             if let Err(e) = timer.wait() {
@@ -144,6 +195,23 @@ impl Keeper {
                 .saturating_sub(self.last_entry.load(Ordering::Relaxed))
                 < away_ns
             {
+                continue;
+            }
+            let away = now()
+                .0
+                .saturating_sub(self.last_entry.load(Ordering::Relaxed));
+            if self.takes_over() && away >= TAKEOVER_AWAY.as_nanos() as u64 {
+                if let Err(e) = timer.unset() {
+                    tracing::error!("cannot stop the keeper's timer: {e}");
+                }
+                if let Err(e) = take_over() {
+                    tracing::error!("engine I/O failed: {e}");
+                    std::thread::sleep(self.period);
+                }
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                self.arm();
                 continue;
             }
             if let Err(e) = flush_held_acks() {

@@ -6,7 +6,9 @@
 //! - [`Progress::Caller`]: no thread; whoever polls a completion queue (or calls
 //!   [`Engine::progress`]) runs the loop, and posting a request sends it at once. This is what
 //!   NCCL's proxy thread and 2-core machines want: one spinning thread per process. The keeper
-//!   (`keeper.rs`) stands in for an application that stopped calling.
+//!   (`keeper.rs`) stands in for an application that stopped calling: it sends the held
+//!   acknowledgements or, with [`EngineConfig::keeper_takeover`], runs the whole loop
+//!   ([`Shared::take_over`]) until the application calls again.
 //!
 //! This module owns what the application's threads and the engine's threads share
 //! ([`Shared`]: the state's lock, the backends, the wake-up descriptor, the stop flag), the
@@ -49,6 +51,11 @@ pub(crate) struct Shared {
     /// Whether a panic failed the engine (every section that changes the state runs
     /// through it).
     failure: Failure,
+    /// Caller mode with takeover: the keeper holds the backends and is blocked (or about to
+    /// block) in their wait; an application call must wake it to get them back.
+    keeper_waiting: AtomicBool,
+    /// Longest single wait of the keeper while it runs the loop.
+    max_sleep: Duration,
 }
 
 impl Shared {
@@ -62,8 +69,14 @@ impl Shared {
             stop: AtomicBool::new(false),
             epoch: Instant::now(),
             progress: config.progress,
-            keeper: Keeper::new(config.progress == Progress::Caller, config.keeper_period)?,
+            keeper: Keeper::new(
+                config.progress == Progress::Caller,
+                config.keeper_period,
+                config.keeper_takeover,
+            )?,
             failure: Failure::default(),
+            keeper_waiting: AtomicBool::new(false),
+            max_sleep: config.max_sleep,
         })
     }
 
@@ -104,6 +117,18 @@ impl Shared {
     pub(crate) fn post<R>(&self, f: impl FnOnce(&mut State, Time) -> R) -> io::Result<R> {
         match self.progress {
             Progress::Caller => {
+                self.enter();
+                if self.keeper_waiting.load(Ordering::SeqCst) {
+                    // The keeper holds the backends, blocked in their wait: queue the work and
+                    // let the keeper (woken by `enter`) send it in its next pass rather than
+                    // wait for it to be scheduled.
+                    let mut state = self.lock();
+                    let now = self.now();
+                    let result = self.failure.contain(&mut state, |state| Ok(f(state, now)));
+                    drop(state);
+                    let _ = self.wake.write(1);
+                    return result;
+                }
                 let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
                 let mut state = self.lock();
                 let now = self.now();
@@ -153,12 +178,84 @@ impl Shared {
         if self.progress == Progress::Thread {
             return Ok(false);
         }
+        self.enter();
         self.with_rails(|state, rails, now| {
             // The keeper reads this to tell whether the application is still polling.
             self.keeper.note_poll(now);
             state.release_held_acks();
             state.run_once(rails, now)
         })
+    }
+
+    /// Caller mode with takeover: an application call begins. Recorded before anything is
+    /// locked, then a keeper blocked in the backends' wait is woken so that it hands them back
+    /// (the keeper sets `keeper_waiting` before it looks at the time of the last call, the
+    /// application records that time before it looks at `keeper_waiting`: one of them sees the
+    /// other).
+    fn enter(&self) {
+        if self.keeper.takes_over() {
+            self.keeper.note_entry(self.now());
+            if self.keeper_waiting.load(Ordering::SeqCst) {
+                let _ = self.wake.write(1);
+            }
+        }
+    }
+
+    /// Caller mode with takeover, for the keeper once the application has gone: runs the loop
+    /// (ending acknowledgement holds first, as a poll does), then blocks in the backends' wait
+    /// until a datagram, the next deadline or the application's next call, and again, until
+    /// the application is back or the engine stops. Nothing spins: a pass that did nothing is
+    /// followed by a wait.
+    fn take_over(&self) -> io::Result<()> {
+        while !self.stop.load(Ordering::SeqCst) {
+            let Ok(mut io) = self.io.try_lock() else {
+                // The application is using the backends: it is back.
+                return Ok(());
+            };
+            let Some(rails) = io.as_mut() else {
+                return Ok(());
+            };
+            if self.failure.is_failed() {
+                // Nothing runs on a failed engine.
+                return Ok(());
+            }
+            let (busy, timeout) = {
+                let mut state = self.lock_quiet();
+                let now = self.now();
+                let busy = self.failure.contain(&mut state, |state| {
+                    state.release_held_acks();
+                    state.run_once(rails, now)
+                })?;
+                let timeout = state
+                    .next_deadline()
+                    .map_or(self.max_sleep, |d| d.saturating_since(now))
+                    .min(self.max_sleep);
+                (busy, timeout)
+            };
+            // Checked after the pass, so that what a returning application queued while the
+            // keeper waited (see `post`) has been sent.
+            if !self.keeper.app_away(self.now()) {
+                return Ok(());
+            }
+            if busy {
+                continue;
+            }
+            self.keeper_waiting.store(true, Ordering::SeqCst);
+            let mut waited = Ok(());
+            if self.keeper.app_away(self.now()) && !self.stop.load(Ordering::SeqCst) {
+                // The wait watches rail 0 only: with several rails it stays short.
+                let timeout = if rails.len() > 1 {
+                    timeout.min(Duration::from_millis(1))
+                } else {
+                    timeout
+                };
+                waited = rails[0].wait(timeout, self.wake.as_fd());
+                let _ = self.wake.read();
+            }
+            self.keeper_waiting.store(false, Ordering::SeqCst);
+            waited?;
+        }
+        Ok(())
     }
 
     /// Tells the engine or keeper thread to stop and wakes it.
@@ -192,7 +289,9 @@ impl Shared {
                 state.release_held_acks();
                 state.flush(rails, now)?;
             }
-            if !state.acks_held() && !self.stop.load(Ordering::SeqCst) {
+            // (A keeper that takes over never parks: its alarm must tell it when to.)
+            if !state.acks_held() && !self.stop.load(Ordering::SeqCst) && !self.keeper.takes_over()
+            {
                 // Nothing left to send: park (under the lock, see `Keeper::park`; never once
                 // stopping, see `stop`).
                 self.keeper.park();
@@ -242,7 +341,12 @@ pub(crate) fn launch(
                 .name("tbrdma-keeper".into())
                 .spawn(move || {
                     let s = &keeper_shared;
-                    s.keeper.run(&s.stop, || s.now(), || s.flush_held_acks())
+                    s.keeper.run(
+                        &s.stop,
+                        || s.now(),
+                        || s.flush_held_acks(),
+                        || s.take_over(),
+                    )
                 })?;
             Ok((kind, fallback, keeper))
         }

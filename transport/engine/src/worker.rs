@@ -27,7 +27,7 @@ use crate::progress::{Shared, launch};
 use crate::state::State;
 
 pub use crate::config::{DEFAULT_GATHER_THRESHOLD, EngineConfig, Progress};
-pub use crate::keeper::KEEPER_HOLD;
+pub use crate::keeper::{KEEPER_HOLD, TAKEOVER_AWAY};
 pub use crate::state::{EngineStats, NewConnection, PdId, PostFailed, SEND_HEADROOM, WriteZone};
 
 /// Upper bound written into each connection's [`tbrdma_proto::Config::ack_hold`] in caller mode; in practice

@@ -26,6 +26,24 @@ pub const MAX_WINDOW: u32 = 1 << 15;
 /// refused (the handshake is dropped as malformed and the connection never establishes).
 pub const MIN_PAYLOAD: u32 = 8;
 
+/// Payload sizes per packet are multiples of this many bytes (when at least this large), so
+/// every datagram boundary of a message falls on a multiple of 64 from its first byte: an
+/// 8-byte word a reader polls inside a buffer the network fills (NCCL's LL protocol) never
+/// straddles two datagrams that can land in either order (docs/semantics.md, "Visibility").
+pub const PAYLOAD_ALIGN: u32 = 64;
+
+/// The payload per packet both sides of a connection use: the smaller of the two offers,
+/// rounded down to a multiple of [`PAYLOAD_ALIGN`] (offers below it, allowed down to
+/// [`MIN_PAYLOAD`], are used as they are). Both sides compute it from the same two offers.
+pub fn agreed_payload(ours: u32, theirs: u32) -> u32 {
+    let p = ours.min(theirs);
+    if p >= PAYLOAD_ALIGN {
+        p - p % PAYLOAD_ALIGN
+    } else {
+        p
+    }
+}
+
 /// Most packets one message may take: a longer request is refused when posted, so that one
 /// message never spans more than a quarter of the sequence space.
 pub const MAX_MESSAGE_PACKETS: u64 = 1 << 30;
@@ -115,9 +133,11 @@ impl Default for Config {
 impl Config {
     /// Payload bytes per packet this side offers.
     pub fn max_payload(&self) -> u32 {
-        self.max_datagram
+        let raw = self
+            .max_datagram
             .saturating_sub(MAX_HEADER_LEN)
-            .clamp(1, u16::MAX as usize) as u32
+            .clamp(1, u16::MAX as usize) as u32;
+        agreed_payload(raw, raw)
     }
 
     /// The longest the retransmission budget can last: the sum of every backed-off timeout,
@@ -131,5 +151,47 @@ impl Config {
             rto = (rto * 2).min(self.max_rto);
         }
         total
+    }
+}
+
+#[cfg(test)]
+mod payload_tests {
+    use super::*;
+
+    /// Every packet of a message starts at a multiple of 64 bytes from the message's first
+    /// byte, whatever the link's datagram size and whatever the peer offers.
+    #[test]
+    fn datagram_boundaries_fall_on_multiples_of_64() {
+        for max_datagram in [
+            1500 - 28,
+            9000 - 28,
+            65_520 - 28,
+            70_000,
+            128 + MAX_HEADER_LEN,
+        ] {
+            let ours = Config {
+                max_datagram,
+                ..Config::default()
+            }
+            .max_payload();
+            assert_eq!(
+                ours % PAYLOAD_ALIGN,
+                0,
+                "max_datagram {max_datagram}: {ours}"
+            );
+            for theirs in [64, 65, 127, 1000, 1473, 8972, 65_464, 65_535] {
+                let p = agreed_payload(ours, theirs);
+                assert_eq!(p, agreed_payload(theirs, ours), "both sides agree");
+                assert!(p > 0 && p <= ours.min(theirs));
+                assert_eq!(p % PAYLOAD_ALIGN, 0, "{ours} and {theirs}: {p}");
+                let len = 10 * u64::from(p) + 17;
+                let n = crate::connection::packets_for_len(len, p);
+                for index in 0..n {
+                    assert_eq!((u64::from(index) * u64::from(p)) % 64, 0);
+                }
+            }
+        }
+        // Tiny offers (allowed down to MIN_PAYLOAD) are kept as they are.
+        assert_eq!(agreed_payload(1000, MIN_PAYLOAD), MIN_PAYLOAD);
     }
 }

@@ -151,6 +151,42 @@ const SLOT_BITS: u64 = 0xffff_ffff;
 /// Completions taken from the queue per poll.
 const POLL_BATCH: usize = 32;
 
+/// Bytes a receive comm pins of its own (bounce buffers and CTS buffers, in whole pages).
+pub const RECV_PINNED: usize = pages(BOUNCE_RING * EAGER_MAX as usize) + pages(CTS_SLOTS * CTS_LEN);
+/// Bytes a send comm pins of its own (staging buffers and control receives, in whole pages).
+pub const SEND_PINNED: usize = pages(STAGE_SLOTS * EAGER_MAX as usize) + pages(CTRL_RING * CTS_LEN);
+
+const fn pages(bytes: usize) -> usize {
+    bytes.div_ceil(4096) * 4096
+}
+
+/// Bytes the plugin's comms pin right now (reported in the log; NCCL's own registrations are
+/// not pinned by tbrdma).
+pub static PINNED: AtomicUsize = AtomicUsize::new(0);
+
+/// Allocates and pins `len` bytes of a comm's own buffers; a too-low locked-memory limit
+/// becomes [`NetError::Memlock`], which names the limit, what a comm needs and the fix.
+fn pin(
+    pd: &ProtectionDomain,
+    len: usize,
+    access: tbrdma_verbs::Access,
+    what: &'static str,
+    comm_needs: usize,
+) -> Result<MemoryRegion> {
+    use tbrdma_engine::memory::MemoryError;
+    pd.alloc_mr(len, access).map_err(|e| match e {
+        tbrdma_verbs::VerbsError::Memory(MemoryError::MemlockTooLow { limit, locked, .. }) => {
+            NetError::Memlock {
+                limit,
+                locked,
+                needs: comm_needs,
+                what,
+            }
+        }
+        other => NetError::verbs(format!("allocating {what}"))(other),
+    })
+}
+
 /// Sends, over every comm of the process, that wait for a credit or a CTS. While it is not
 /// zero, every `test` also progresses the other send comms ([`SendComm::try_progress`]), so a
 /// send whose credit or CTS arrives goes out even if NCCL is busy testing another connection.

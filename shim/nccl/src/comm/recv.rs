@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 
 use tbrdma_verbs::{
     Access, Completion, MemoryRegion, ProtectionDomain, RecvWr, SendOp, SendWr, WcOpcode,
@@ -13,11 +14,15 @@ use tbrdma_verbs::{
 
 use super::{
     BOUNCE_RING, CREDIT_BATCH, CREDIT_LOW, CREDIT_WR, CTS_LEN, CTS_SLOTS, CTS_WR, Cts, EAGER_MAX,
-    Link, POLL_BATCH, REPOST_BATCH, RTS, Registrations, SEQ_MASK, SLOT_BITS, TRUNCATED, full_seq,
-    no_data,
+    Link, PINNED, POLL_BATCH, RECV_PINNED, REPOST_BATCH, RTS, Registrations, SEQ_MASK, SLOT_BITS,
+    TRUNCATED, full_seq, no_data, pin,
 };
 use crate::abi::NCCL_NET_MAX_REQUESTS;
 use crate::error::{NetError, Result};
+
+/// How far beyond the next `irecv`'s number a message may be: the sender's credits
+/// ([`BOUNCE_RING`]) and the RTSs it may have out (one per request) bound it.
+const EARLY_AHEAD: usize = BOUNCE_RING + NCCL_NET_MAX_REQUESTS;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RecvReq {
@@ -104,14 +109,21 @@ pub struct RecvComm {
 impl RecvComm {
     /// Takes over a connected queue pair: allocates and posts the bounce receives.
     pub fn new(link: Link) -> Result<RecvComm> {
-        let bounce = link
-            .pd
-            .alloc_mr(BOUNCE_RING * EAGER_MAX as usize, Access::LOCAL_WRITE)
-            .map_err(NetError::verbs("allocating the bounce buffers"))?;
-        let cts_bufs = link
-            .pd
-            .alloc_mr(CTS_SLOTS * CTS_LEN, Access::LOCAL_WRITE)
-            .map_err(NetError::verbs("allocating the clear-to-send buffers"))?;
+        let bounce = pin(
+            &link.pd,
+            BOUNCE_RING * EAGER_MAX as usize,
+            Access::LOCAL_WRITE,
+            "the bounce buffers",
+            RECV_PINNED,
+        )?;
+        let cts_bufs = pin(
+            &link.pd,
+            CTS_SLOTS * CTS_LEN,
+            Access::LOCAL_WRITE,
+            "the clear-to-send buffers",
+            RECV_PINNED,
+        )?;
+        PINNED.fetch_add(RECV_PINNED, Ordering::Relaxed);
         let comm = RecvComm {
             link,
             bounce,
@@ -164,7 +176,11 @@ impl RecvComm {
             .1;
         let mut st = self.state.lock().expect("recv comm lock");
         if let Some(detail) = &st.failed {
-            return Err(self.link.remote_error(detail));
+            // A message that arrived whole before the connection failed is still delivered.
+            let arrived = matches!(st.early.get(&st.next_seq), Some(Early::Eager { .. }));
+            if !arrived {
+                return Err(self.link.remote_error(detail));
+            }
         }
         let Some(slot) = st.reqs.iter().position(|r| *r == RecvReq::Free) else {
             self.progress(&mut st)?;
@@ -281,6 +297,18 @@ impl RecvComm {
             st.protocol_error(format!("message {seq} arrived twice"), peer);
             return Ok(());
         }
+        // A sender spends one credit per message, and holds at most `BOUNCE_RING` beyond
+        // the receives posted so far: a message further ahead (or a repeat of one waiting) is
+        // a peer ignoring the protocol, and keeping it would let the peer grow `early` at will.
+        if slot.is_none()
+            && (seq >= st.next_seq + EARLY_AHEAD as u64 || st.early.contains_key(&seq))
+        {
+            st.protocol_error(
+                format!("message {seq} is beyond what its credits allow"),
+                peer,
+            );
+            return Ok(());
+        }
         if wc.opcode == WcOpcode::RecvRdmaWithImm {
             st.repost.push(bounce);
             st.rendezvous = true;
@@ -299,6 +327,17 @@ impl RecvComm {
                             posted: size,
                             sent: 0,
                         }
+                    } else if wc.byte_len > size {
+                        // The rkey covers NCCL's whole registration, not just this receive:
+                        // a length beyond what the CTS offered is the peer's lie.
+                        st.protocol_error(
+                            format!(
+                                "message {seq} claims {} bytes, its receive holds {size}",
+                                wc.byte_len
+                            ),
+                            peer,
+                        );
+                        return Ok(());
                     } else {
                         RecvReq::Done { len: wc.byte_len }
                     };
@@ -491,6 +530,12 @@ impl RecvComm {
         st.granted += st.pending_credits;
         st.pending_credits = 0;
         Ok(())
+    }
+}
+
+impl Drop for RecvComm {
+    fn drop(&mut self) {
+        PINNED.fetch_sub(RECV_PINNED, Ordering::Relaxed);
     }
 }
 

@@ -13,9 +13,9 @@ use tbrdma_verbs::{
 };
 
 use super::{
-    BOUNCE_RING, CTRL_REPOST_BATCH, CTRL_RING, CTS_LEN, Cts, EAGER_MAX, Link, POLL_BATCH, RTS,
-    RTS_WR, Registrations, SLOT_BITS, STAGE_SLOTS, STAGE_WR, TRUNCATED, WAITING_SENDS, no_data,
-    seq_imm,
+    BOUNCE_RING, CTRL_REPOST_BATCH, CTRL_RING, CTS_LEN, Cts, EAGER_MAX, Link, PINNED, POLL_BATCH,
+    RTS, RTS_WR, Registrations, SEND_PINNED, SLOT_BITS, STAGE_SLOTS, STAGE_WR, TRUNCATED,
+    WAITING_SENDS, no_data, pin, seq_imm,
 };
 use crate::abi::NCCL_NET_MAX_REQUESTS;
 use crate::error::{NetError, Result};
@@ -120,7 +120,16 @@ impl SendState {
             .queue
             .iter()
             .any(|&s| matches!(self.reqs[s], SendReq::Waiting { seq, .. } if seq == cts.seq));
-        if queued || cts.seq >= self.next_seq {
+        if cts.seq >= self.next_seq + NCCL_NET_MAX_REQUESTS as u64 {
+            // The receiver has at most that many receives posted: a CTS further ahead is a
+            // peer ignoring the protocol, and keeping it would let the peer grow `cts` at will.
+            self.failed.get_or_insert_with(|| {
+                format!(
+                    "protocol error: a clear-to-send for message {}, beyond the receives the peer can have posted",
+                    cts.seq
+                )
+            });
+        } else if queued || cts.seq >= self.next_seq {
             self.cts.insert(cts.seq, cts);
         }
     }
@@ -194,10 +203,13 @@ pub struct SendComm {
 impl SendComm {
     /// Takes over a connected queue pair: allocates and posts the control receives.
     pub fn new(link: Link) -> Result<SendComm> {
-        let ctrl = link
-            .pd
-            .alloc_mr(CTRL_RING * CTS_LEN, Access::LOCAL_WRITE)
-            .map_err(NetError::verbs("allocating the control receives"))?;
+        let ctrl = pin(
+            &link.pd,
+            CTRL_RING * CTS_LEN,
+            Access::LOCAL_WRITE,
+            "the control receives",
+            SEND_PINNED,
+        )?;
         let wrs: Vec<RecvWr> = (0..CTRL_RING)
             .map(|i| RecvWr {
                 wr_id: i as u64,
@@ -207,10 +219,14 @@ impl SendComm {
         link.qp
             .post_recv(&wrs)
             .map_err(NetError::verbs("posting the control receives"))?;
-        let stage = link
-            .pd
-            .alloc_mr(STAGE_SLOTS * EAGER_MAX as usize, Access::LOCAL_WRITE)
-            .map_err(NetError::verbs("allocating the staging buffers"))?;
+        let stage = pin(
+            &link.pd,
+            STAGE_SLOTS * EAGER_MAX as usize,
+            Access::LOCAL_WRITE,
+            "the staging buffers",
+            SEND_PINNED,
+        )?;
+        PINNED.fetch_add(SEND_PINNED, Ordering::Relaxed);
         Ok(SendComm {
             link,
             ctrl,
@@ -307,6 +323,19 @@ impl SendComm {
         }
     }
 
+    /// Whether closing the comm now could lose a send that already completed: a staged eager
+    /// message (complete at `isend`) not yet acknowledged, on a connection still up. Progresses
+    /// the comm first (unless another thread is doing so).
+    pub fn unacked_completed_sends(&self) -> bool {
+        let Ok(mut st) = self.state.try_lock() else {
+            return true;
+        };
+        if let Err(e) = self.progress(&mut st) {
+            st.failed.get_or_insert_with(|| e.to_string());
+        }
+        st.failed.is_none() && st.stage_free.len() < STAGE_SLOTS
+    }
+
     /// Progresses this comm unless another thread is doing so; for calls made on behalf of
     /// other comms (errors are kept for this comm's own calls to report).
     pub fn try_progress(&self) {
@@ -398,6 +427,16 @@ impl SendComm {
                 } else if wc.opcode == WcOpcode::Recv {
                     let ring = (wc.wr_id as usize) % CTRL_RING;
                     st.credits += u64::from(wc.imm.unwrap_or(0));
+                    if st.credits > BOUNCE_RING as u64 {
+                        // The receiver posted only `BOUNCE_RING` receives for us.
+                        st.failed.get_or_insert_with(|| {
+                            format!(
+                                "protocol error: the peer granted {} credits, more than its {BOUNCE_RING} receives",
+                                st.credits
+                            )
+                        });
+                        st.credits = BOUNCE_RING as u64;
+                    }
                     if wc.byte_len == CTS_LEN as u64 {
                         let mut raw = [0u8; CTS_LEN];
                         self.ctrl.read(ring * CTS_LEN, &mut raw);
@@ -455,6 +494,7 @@ impl Drop for SendComm {
     fn drop(&mut self) {
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         WAITING_SENDS.fetch_sub(st.waiting(), Ordering::Relaxed);
+        PINNED.fetch_sub(SEND_PINNED, Ordering::Relaxed);
     }
 }
 

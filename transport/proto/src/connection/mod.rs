@@ -245,6 +245,13 @@ pub struct Connection {
     last_path: usize,
 }
 
+/// Packets a message of `len` bytes takes with `max_payload` bytes per packet (for tests of
+/// where datagram boundaries fall).
+#[cfg(test)]
+pub(crate) fn packets_for_len(len: u64, max_payload: u32) -> u32 {
+    tx::packets_for(len, max_payload)
+}
+
 impl Connection {
     /// The active side: sends CONNECT at the first `poll_transmit`.
     pub fn connect(config: Config, params: ConnectParams, now: Time) -> Connection {
@@ -579,7 +586,7 @@ impl Connection {
             return;
         }
         self.heard(now);
-        self.max_payload = self.max_payload.min(peer.max_payload);
+        self.max_payload = crate::config::agreed_payload(self.max_payload, peer.max_payload);
         self.tx.set_peer_window(peer.window);
         self.rx.start(peer.initial_psn);
         self.state = ConnectionState::Established;
