@@ -4,10 +4,13 @@
 //! Per iteration, with `seq` a counter both sides advance in step (1, 2, … across all sizes):
 //! - write: the client WRITEs `size` bytes into the server's region plus `seq` in an aligned
 //!   8-byte counter word at `align8(size)`; the server busy-polls that word (an atomic load),
-//!   then WRITEs back the same way. When payload, padding and counter fit in one datagram
-//!   (≤ 1 KiB) they travel as one WRITE; otherwise the counter is a second 8-byte WRITE posted
-//!   behind the payload's, which the transport places only once the payload is complete (it
-//!   never places a later message before an earlier one is whole). One-way = round trip / 2.
+//!   then WRITEs back the same way. When payload, padding and counter fit in one datagram they
+//!   travel as one WRITE, as `ib_write_lat` does (with caller progress the engine places a
+//!   datagram whole inside this side's poll, so the counter is never seen before the payload;
+//!   with a background engine thread only up to 1 KiB); otherwise the counter is a second
+//!   8-byte WRITE posted behind the payload's, which the transport places only once the payload
+//!   is complete (it never places a later message before an earlier one is whole). One-way =
+//!   round trip / 2.
 //! - send: SEND of `size` bytes into a pre-posted receive, answered the same way. One-way =
 //!   round trip / 2.
 //! - read: the client READs `size` bytes; the full READ latency is reported, as ib_read_lat.
@@ -27,7 +30,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use tbrdma_verbs::{Access, MemoryRegion, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
+use tbrdma_verbs::{
+    Access, EngineConfig, MemoryRegion, Progress as EngineProgress, RecvWr, SendOp, SendWr, WcOpcode,
+    WorkCompletion,
+};
 
 use crate::perf::options::{LatOp, PingpongArgs};
 use crate::perf::pattern;
@@ -35,9 +41,12 @@ use crate::perf::report;
 use crate::perf::session::{self, Announce, DONE_IMM, Interrupted, Remote, Session, Setup, Watch};
 use crate::perf::stats::Samples;
 
-/// Payload, padding and counter up to this many bytes travel as one WRITE (one datagram on any
-/// link tbrdma runs on).
-const ONE_DATAGRAM: usize = 1024;
+/// With a background engine thread, payload, padding and counter up to this many bytes travel
+/// as one WRITE: the thread places a datagram while this side polls the counter, and a copy
+/// this short is never seen half done in practice; longer ones could show the counter first.
+const ONE_WRITE_THREAD: usize = 1024;
+/// Room kept for the protocol's headers when a whole WRITE must fit one datagram.
+const HEADER_ROOM: usize = 128;
 /// Receives pre-posted for `--op send`.
 const RECV_SLOTS: usize = 4;
 
@@ -77,6 +86,8 @@ struct Received {
 
 struct Run<'a> {
     op: LatOp,
+    /// Largest payload + padding + counter sent as one WRITE.
+    one_write: usize,
     verify: bool,
     session: Session,
     buf: Buffers,
@@ -157,8 +168,13 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
         },
     )?;
     let peer = session.peer_region()?;
+    let one_write = match dev.progress_mode() {
+        EngineProgress::Caller => EngineConfig::default().max_datagram - HEADER_ROOM,
+        EngineProgress::Thread => ONE_WRITE_THREAD,
+    };
     let mut run = Run {
         op: args.op,
+        one_write,
         verify: args.verify,
         timeout: session.timeout,
         session,
@@ -413,7 +429,7 @@ impl Run<'_> {
                 local: self.buf.source.sge(base, size),
                 op: SendOp::Send { imm: None },
             }],
-            _ if counter_at + 8 <= ONE_DATAGRAM => {
+            _ if counter_at + 8 <= self.one_write => {
                 self.buf
                     .source
                     .write(base + counter_at, &seq.to_le_bytes());
