@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use tbrdma_verbs::{
-    Access, EngineConfig, MemoryRegion, Progress as EngineProgress, RecvWr, SendOp, SendWr, WcOpcode,
-    WorkCompletion,
+    Access, EngineConfig, MemoryRegion, Progress as EngineProgress, RecvWr, SendOp, SendWr,
+    WcOpcode, WorkCompletion,
 };
 
 use crate::perf::options::{LatOp, PingpongArgs};
@@ -390,7 +390,10 @@ impl Run<'_> {
     fn check(&mut self, r: Received) -> anyhow::Result<()> {
         let (region, at, what) = match r.slot {
             Some(slot) => (
-                self.buf.recv.as_ref().expect("send runs have receive slots"),
+                self.buf
+                    .recv
+                    .as_ref()
+                    .expect("send runs have receive slots"),
                 slot * self.buf.slot_len,
                 "SEND",
             ),
@@ -430,9 +433,7 @@ impl Run<'_> {
                 op: SendOp::Send { imm: None },
             }],
             _ if counter_at + 8 <= self.one_write => {
-                self.buf
-                    .source
-                    .write(base + counter_at, &seq.to_le_bytes());
+                self.buf.source.write(base + counter_at, &seq.to_le_bytes());
                 vec![SendWr {
                     wr_id: seq,
                     local: self.buf.source.sge(base, counter_at + 8),
@@ -442,9 +443,7 @@ impl Run<'_> {
                 }]
             }
             _ => {
-                self.buf
-                    .source
-                    .write(base + counter_at, &seq.to_le_bytes());
+                self.buf.source.write(base + counter_at, &seq.to_le_bytes());
                 vec![
                     SendWr {
                         wr_id: seq,
