@@ -7,10 +7,15 @@
 //! connection's message count. Completions of the peer's next phase that arrive before this
 //! side has left the current one are carried over.
 //!
-//! `--verify`: every SEND payload is checked against its pattern; for WRITE, the receiver checks
-//! at the end of each size that its region holds the last message's pattern; for READ, every
-//! READ is checked against the peer's fixed pattern. The pattern of a message is written into
-//! its own source slot before posting, which limits the window to the slots there are.
+//! `--verify`: every byte of every SEND is checked where it landed, in its receive slot, as its
+//! completion is polled; for WRITE, the receiver checks at the end of each size that its region
+//! holds exactly the last message; for READ, every READ is checked against the peer's fixed
+//! pattern. Message `k` of a connection is sent from source slot `k % S`, which holds pattern
+//! `k % S` of the size, written once before the size's clock starts: sending verified data then
+//! costs the sender nothing, and the window is not limited by the slots. `S` is at least 2 and
+//! does not divide the number of receive slots, so the message a receive slot held before (or
+//! the target held before the last WRITE) carries another pattern: a datagram that was never
+//! placed is caught.
 
 use std::time::{Duration, Instant};
 
@@ -48,14 +53,14 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
     let pd = dev.alloc_pd();
     let max = *sizes.iter().max().expect("at least one size");
     let qps = args.qps;
-    let source_slots = if args.verify || args.op == BwOp::Read {
-        (SLOT_BUDGET / max).clamp(1, args.tx_depth)
-    } else {
-        1
-    };
     let recv_slots = match args.op {
         BwOp::Send => (SLOT_BUDGET / max).clamp(4, args.tx_depth.max(4) * 2),
         _ => 0,
+    };
+    let source_slots = match args.op {
+        BwOp::Read => (SLOT_BUDGET / max).clamp(1, args.tx_depth),
+        _ if args.verify => pattern_slots(recv_slots),
+        _ => 1,
     };
     let slot_len = max.max(DONE_LEN);
     let remote_access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
@@ -76,7 +81,8 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
         options: args.agreed(&sizes),
         regions: vec![Remote::of(&target)],
     };
-    let window = args.tx_depth.min(if args.verify {
+    // A READ lands in its own slot, so that it can be checked after it completes.
+    let window = args.tx_depth.min(if args.verify && args.op == BwOp::Read {
         source_slots
     } else {
         usize::MAX
@@ -153,6 +159,19 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
     }
     run.session.linger();
     Ok(())
+}
+
+/// The number of source slots, with distinct patterns, that `--verify` sends from: the smallest
+/// from 2 up that does not divide `recv_slots`, so consecutive messages into one receive slot
+/// (which the receive queue uses in turn) carry different patterns. With no receive slots
+/// (WRITE), 2: the target's previous message differs from the last one.
+fn pattern_slots(recv_slots: usize) -> usize {
+    if recv_slots == 0 {
+        return 2;
+    }
+    (2..=recv_slots + 1)
+        .find(|s| recv_slots % s != 0)
+        .expect("recv_slots + 1 does not divide it")
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -269,6 +288,25 @@ impl Run {
         Ok(())
     }
 
+    /// The pattern message `k` of a connection carries: that of its source slot.
+    fn pattern_of(&self, k: u64) -> u64 {
+        k % self.source_slots as u64
+    }
+
+    /// With `--verify`, writes each source slot's pattern for `size` (before the clock starts).
+    fn fill_patterns(&mut self, size: usize) {
+        if !self.verify || self.op == BwOp::Read || !self.posting {
+            return;
+        }
+        let mut bytes = vec![0u8; size];
+        for l in 0..self.session.links.len() {
+            for j in 0..self.source_slots {
+                pattern::fill(j as u64, size, &mut bytes);
+                self.source.write(self.source_offset(l, j as u64), &bytes);
+            }
+        }
+    }
+
     fn source_offset(&self, l: usize, k: u64) -> usize {
         (l * self.source_slots + (k % self.source_slots as u64) as usize) * self.max
     }
@@ -289,9 +327,6 @@ impl Run {
         let mut wrs = Vec::with_capacity(n as usize);
         for k in state.posted..state.posted + n {
             let at = self.source_offset(l, k);
-            if self.verify && self.op != BwOp::Read {
-                self.source.write(at, &pattern::make(k, size));
-            }
             let remote = self.peer.at(l * self.max);
             let op = match self.op {
                 BwOp::Write => SendOp::Write { remote },
@@ -335,9 +370,9 @@ impl Run {
                 session::done_words(&raw)
             };
             if self.verify && self.op == BwOp::Write && words[4] > 0 {
-                let mut got = vec![0u8; size];
-                self.target.read(l * self.max, &mut got);
-                if let Some(at) = pattern::first_mismatch(words[4] - 1, size, &got) {
+                let last = self.pattern_of(words[4] - 1);
+                let bad = pattern::first_mismatch_in(&self.target, l * self.max, last, size);
+                if let Some(at) = bad {
                     bail!(
                         "verification failed at byte {at} of iteration {} ({size}-byte WRITE, connection {l})",
                         words[4] - 1
@@ -358,9 +393,9 @@ impl Run {
             }
             if self.verify {
                 let recv = self.recv.as_ref().expect("receive slots");
-                let mut got = vec![0u8; size];
-                recv.read(slot * self.slot_len, &mut got);
-                if let Some(at) = pattern::first_mismatch(k, size, &got) {
+                let want = self.pattern_of(k);
+                let bad = pattern::first_mismatch_in(recv, slot * self.slot_len, want, size);
+                if let Some(at) = bad {
                     bail!(
                         "verification failed at byte {at} of iteration {k} ({size}-byte SEND, connection {l})"
                     );
@@ -372,9 +407,9 @@ impl Run {
         } else {
             if self.verify && self.op == BwOp::Read {
                 let at = self.source_offset(l, wc.wr_id);
-                let mut got = vec![0u8; size];
-                self.source.read(at, &mut got);
-                if let Some(i) = got.iter().zip(&self.read_pattern).position(|(a, b)| a != b) {
+                let want = &self.read_pattern[..size];
+                let bad = pattern::first_difference_in(&self.source, at, want);
+                if let Some(i) = bad {
                     bail!(
                         "verification failed at byte {i} of iteration {} ({size}-byte READ, connection {l})",
                         wc.wr_id
@@ -401,6 +436,7 @@ impl Run {
                 self.session.links[l].unpoll(wc);
             }
         }
+        self.fill_patterns(size);
         let mut meter = Meter::new();
         let (cap, deadline) = match limit {
             Limit::Messages(n) => (n, None),
@@ -501,5 +537,21 @@ impl Run {
             };
         }
         Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pattern_slots;
+
+    #[test]
+    fn consecutive_messages_into_one_slot_carry_different_patterns() {
+        for recv in [0, 1, 2, 4, 6, 12, 60, 64, 256] {
+            let s = pattern_slots(recv);
+            assert!(s >= 2, "{recv}: {s}");
+            if recv > 0 {
+                assert_ne!(recv % s, 0, "{recv}: {s}");
+            }
+        }
     }
 }

@@ -4,21 +4,36 @@
 //! Per iteration, with `seq` a counter both sides advance in step (1, 2, … across all sizes):
 //! - write: the client WRITEs `size` bytes into the server's region plus `seq` in an aligned
 //!   8-byte counter word at `align8(size)`; the server busy-polls that word (an atomic load),
-//!   then WRITEs back the same way. When payload, padding and counter fit in one datagram
-//!   (≤ 1 KiB) they travel as one WRITE; otherwise the counter is a second 8-byte WRITE posted
-//!   behind the payload's, which the transport places only once the payload is complete (it
-//!   never places a later message before an earlier one is whole). One-way = round trip / 2.
+//!   then WRITEs back the same way. When payload, padding and counter fit in one datagram they
+//!   travel as one WRITE, as `ib_write_lat` does (with caller progress the engine places a
+//!   datagram whole inside this side's poll, so the counter is never seen before the payload;
+//!   with a background engine thread only up to 1 KiB); otherwise the counter is a second
+//!   8-byte WRITE posted behind the payload's, which the transport places only once the payload
+//!   is complete (it never places a later message before an earlier one is whole). One-way =
+//!   round trip / 2.
 //! - send: SEND of `size` bytes into a pre-posted receive, answered the same way. One-way =
 //!   round trip / 2.
 //! - read: the client READs `size` bytes; the full READ latency is reported, as ib_read_lat.
 //! - atomic: the client FETCH_ADDs 1 to an 8-byte word; the full latency is reported.
 //!
 //! The end of the run is a DONE message from the client, which the server waits for.
+//!
+//! Message `seq` travels from source half `seq % 2` into target half `seq % 2` (receive slots
+//! for SEND), with or without `--verify`, so both runs move the same bytes to the same places.
+//! `--verify` checks every byte of every iteration *outside the timed part*: after a side has
+//! answered message `seq` (server) or taken the time of its round trip (client), it checks the
+//! message in place and writes the pattern of `seq + 1` into the other source half. Nothing can
+//! overwrite the half being checked meanwhile: the peer's next message goes to the other half,
+//! and the one after that is only sent once this side has answered it. The server's checking
+//! runs while the client checks its own copy, so neither lengthens the round trip measured.
 
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use tbrdma_verbs::{Access, MemoryRegion, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
+use tbrdma_verbs::{
+    Access, EngineConfig, MemoryRegion, Progress as EngineProgress, RecvWr, SendOp, SendWr,
+    WcOpcode, WorkCompletion,
+};
 
 use crate::perf::options::{LatOp, PingpongArgs};
 use crate::perf::pattern;
@@ -26,9 +41,12 @@ use crate::perf::report;
 use crate::perf::session::{self, Announce, DONE_IMM, Interrupted, Remote, Session, Setup, Watch};
 use crate::perf::stats::Samples;
 
-/// Payload, padding and counter up to this many bytes travel as one WRITE (one datagram on any
-/// link tbrdma runs on).
-const ONE_DATAGRAM: usize = 1024;
+/// With a background engine thread, payload, padding and counter up to this many bytes travel
+/// as one WRITE: the thread places a datagram while this side polls the counter, and a copy
+/// this short is never seen half done in practice; longer ones could show the counter first.
+const ONE_WRITE_THREAD: usize = 1024;
+/// Room kept for the protocol's headers when a whole WRITE must fit one datagram.
+const HEADER_ROOM: usize = 128;
 /// Receives pre-posted for `--op send`.
 const RECV_SLOTS: usize = 4;
 
@@ -38,17 +56,38 @@ fn align8(n: usize) -> usize {
 
 /// The memory of one side.
 struct Buffers {
-    /// The peer WRITEs here (payload, then the counter word), READs and FETCH_ADDs here.
+    /// The peer WRITEs here (payload, then the counter word), READs and FETCH_ADDs here: two
+    /// halves of `half` bytes, message `seq` into half `seq % 2`.
     target: MemoryRegion,
-    /// What this side sends or WRITEs from, and where READ and FETCH_ADD results land.
+    /// What this side sends or WRITEs from (half `seq % 2`), and where READ and FETCH_ADD
+    /// results land.
     source: MemoryRegion,
+    half: usize,
     /// `--op send` receive slots, `slot_len` bytes each.
     recv: Option<MemoryRegion>,
     slot_len: usize,
 }
 
+impl Buffers {
+    fn at(&self, seq: u64) -> usize {
+        (seq % 2) as usize * self.half
+    }
+}
+
+/// A message received in the timed part, checked (and its receive slot reposted) after it.
+#[derive(Debug, Clone, Copy)]
+struct Received {
+    seq: u64,
+    size: usize,
+    iteration: u64,
+    /// The SEND's receive slot; `None` for a WRITE (target half `seq % 2`).
+    slot: Option<usize>,
+}
+
 struct Run<'a> {
     op: LatOp,
+    /// Largest payload + padding + counter sent as one WRITE.
+    one_write: usize,
     verify: bool,
     session: Session,
     buf: Buffers,
@@ -58,6 +97,14 @@ struct Run<'a> {
     read_pattern: &'a [u8],
     /// FETCH_ADDs done so far: the value the next one must return.
     adds: u64,
+    /// The message whose pattern the source holds (`--verify`).
+    prepared: Option<(u64, usize)>,
+    /// The highest `seq` whose WRITE or SEND has completed on this side.
+    sent_through: u64,
+    /// The message of the current iteration, to check once its time is taken.
+    received: Option<Received>,
+    /// Where the next pattern is generated before it is written into the source.
+    scratch: Vec<u8>,
 }
 
 /// Runs `tbrdma pingpong`.
@@ -81,7 +128,8 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
     let dev = session::open_device(&args.connect, server, false)?;
     let pd = dev.alloc_pd();
     let max = *sizes.iter().max().expect("at least one size");
-    let region_len = align8(max) + 8;
+    let half = align8(max) + 8;
+    let region_len = 2 * half;
     let remote_access =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let target = pd.alloc_mr(region_len, remote_access)?;
@@ -120,20 +168,30 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
         },
     )?;
     let peer = session.peer_region()?;
+    let one_write = match dev.progress_mode() {
+        EngineProgress::Caller => EngineConfig::default().max_datagram - HEADER_ROOM,
+        EngineProgress::Thread => ONE_WRITE_THREAD,
+    };
     let mut run = Run {
         op: args.op,
+        one_write,
         verify: args.verify,
         timeout: session.timeout,
         session,
         buf: Buffers {
             target,
             source,
+            half,
             recv,
             slot_len,
         },
         peer,
         read_pattern: &read_pattern,
         adds: 0,
+        prepared: None,
+        sent_through: 0,
+        received: None,
+        scratch: Vec::new(),
     };
     if let Some(recv) = &run.buf.recv {
         for slot in 0..RECV_SLOTS {
@@ -206,10 +264,13 @@ impl Run<'_> {
     fn client_iteration(&mut self, size: usize, seq: u64, i: u64) -> anyhow::Result<Duration> {
         match self.op {
             LatOp::Write | LatOp::Send => {
+                self.prepare(size, seq)?;
                 let start = Instant::now();
                 self.send_message(size, seq)?;
                 self.wait_message(size, seq, i)?;
-                Ok(start.elapsed())
+                let elapsed = start.elapsed();
+                self.after_answer(size, seq)?;
+                Ok(elapsed)
             }
             LatOp::Read => {
                 if self.verify {
@@ -266,51 +327,134 @@ impl Run<'_> {
     fn server_iteration(&mut self, size: usize, seq: u64, i: u64) -> anyhow::Result<()> {
         match self.op {
             LatOp::Write | LatOp::Send => {
+                self.prepare(size, seq)?;
                 self.wait_message(size, seq, i)?;
-                self.send_message(size, seq)
+                self.send_message(size, seq)?;
+                self.after_answer(size, seq)
             }
             // The client does all the work; the server's engine serves it from `finish`.
             LatOp::Read | LatOp::Atomic => Ok(()),
         }
     }
 
-    /// WRITE (payload + counter) or SEND message `seq`.
-    fn send_message(&mut self, size: usize, seq: u64) -> anyhow::Result<()> {
-        if self.verify {
-            self.buf.source.write(0, &pattern::make(seq, size));
+    /// With `--verify`, writes the pattern of message `seq` into its source half, once the
+    /// request that last sent from that half (`seq - 2`) has completed (so a retransmission of
+    /// it never carries the new bytes). Outside the timed part.
+    fn prepare(&mut self, size: usize, seq: u64) -> anyhow::Result<()> {
+        if !self.verify || self.prepared == Some((seq, size)) {
+            return Ok(());
         }
+        let mut watch = Watch::new(self.timeout);
+        // The peer's next message may come meanwhile: kept for the timed part.
+        let mut others = Vec::new();
+        while self.sent_through + 2 < seq {
+            match self.link().next()? {
+                Some(wc) if self.note_sent(&wc) => watch.progressed(),
+                Some(wc) => others.push(wc),
+                None => watch.check(|| format!("waiting to reuse the buffer of message {seq}"))?,
+            }
+        }
+        for wc in others.into_iter().rev() {
+            self.link().unpoll(wc);
+        }
+        let at = self.buf.at(seq);
+        let mut bytes = std::mem::take(&mut self.scratch);
+        bytes.resize(size, 0);
+        pattern::fill(seq, size, &mut bytes);
+        self.buf.source.write(at, &bytes);
+        self.scratch = bytes;
+        self.prepared = Some((seq, size));
+        Ok(())
+    }
+
+    /// Records a completion of this side's own WRITE or SEND; false for anything else.
+    fn note_sent(&mut self, wc: &WorkCompletion) -> bool {
+        let own = matches!(wc.opcode, WcOpcode::RdmaWrite | WcOpcode::Send)
+            && wc.wr_id & session::CONTROL == 0;
+        if own {
+            self.sent_through = self.sent_through.max(wc.wr_id);
+        }
+        own
+    }
+
+    /// After this side has answered (server) or timed (client) message `seq`: checks the
+    /// received message in place, hands its receive slot back, and prepares the next message.
+    fn after_answer(&mut self, size: usize, seq: u64) -> anyhow::Result<()> {
+        if let Some(r) = self.received.take() {
+            self.check(r)?;
+        }
+        self.prepare(size, seq + 1)
+    }
+
+    /// Checks a received message against its pattern (`--verify`) and reposts its slot.
+    fn check(&mut self, r: Received) -> anyhow::Result<()> {
+        let (region, at, what) = match r.slot {
+            Some(slot) => (
+                self.buf
+                    .recv
+                    .as_ref()
+                    .expect("send runs have receive slots"),
+                slot * self.buf.slot_len,
+                "SEND",
+            ),
+            None => (&self.buf.target, self.buf.at(r.seq), "WRITE"),
+        };
+        if self.verify {
+            // The peer's seq equals ours: both advance it once per iteration.
+            let bad = pattern::first_mismatch_in(region, at, r.seq, r.size);
+            if let Some(byte) = bad {
+                bail!(
+                    "verification failed at byte {byte} of iteration {} ({}-byte {what})",
+                    r.iteration,
+                    r.size
+                );
+            }
+        }
+        if let Some(slot) = r.slot {
+            let wr = RecvWr {
+                wr_id: slot as u64,
+                local: region.sge(at, self.buf.slot_len),
+            };
+            self.link().qp.post_recv(&[wr])?;
+        }
+        Ok(())
+    }
+
+    /// WRITE (payload + counter) or SEND message `seq` from its source half.
+    fn send_message(&mut self, size: usize, seq: u64) -> anyhow::Result<()> {
+        let base = self.buf.at(seq);
         let counter_at = align8(size);
         let wrs: Vec<SendWr> = match self.op {
             LatOp::Send => vec![SendWr {
                 wr_id: seq,
-                local: self.buf.source.sge(0, size),
+                local: self.buf.source.sge(base, size),
                 op: SendOp::Send { imm: None },
             }],
-            _ if counter_at + 8 <= ONE_DATAGRAM => {
-                self.buf.source.write(counter_at, &seq.to_le_bytes());
+            _ if counter_at + 8 <= self.one_write => {
+                self.buf.source.write(base + counter_at, &seq.to_le_bytes());
                 vec![SendWr {
                     wr_id: seq,
-                    local: self.buf.source.sge(0, counter_at + 8),
+                    local: self.buf.source.sge(base, counter_at + 8),
                     op: SendOp::Write {
-                        remote: self.peer.at(0),
+                        remote: self.peer.at(base),
                     },
                 }]
             }
             _ => {
-                self.buf.source.write(counter_at, &seq.to_le_bytes());
+                self.buf.source.write(base + counter_at, &seq.to_le_bytes());
                 vec![
                     SendWr {
                         wr_id: seq,
-                        local: self.buf.source.sge(0, size),
+                        local: self.buf.source.sge(base, size),
                         op: SendOp::Write {
-                            remote: self.peer.at(0),
+                            remote: self.peer.at(base),
                         },
                     },
                     SendWr {
                         wr_id: seq,
-                        local: self.buf.source.sge(counter_at, 8),
+                        local: self.buf.source.sge(base + counter_at, 8),
                         op: SendOp::Write {
-                            remote: self.peer.at(counter_at),
+                            remote: self.peer.at(base + counter_at),
                         },
                     },
                 ]
@@ -320,13 +464,20 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Busy-polls for message `seq` from the peer (counter word or receive) and checks it.
+    /// Busy-polls for message `seq` from the peer (counter word or receive); what it received
+    /// is checked later, by [`Run::after_answer`].
     fn wait_message(&mut self, size: usize, seq: u64, i: u64) -> anyhow::Result<()> {
         let mut watch = Watch::new(self.timeout);
         let what = || format!("waiting for iteration {i} of the {size}-byte run");
-        let counter_at = align8(size);
+        let counter_at = self.buf.at(seq) + align8(size);
         loop {
             if self.op == LatOp::Write && self.buf.target.load_u64(counter_at) == seq {
+                self.received = Some(Received {
+                    seq,
+                    size,
+                    iteration: i,
+                    slot: None,
+                });
                 break;
             }
             match self.link().next()? {
@@ -336,57 +487,28 @@ impl Run<'_> {
                             "the peer ended the run early, in iteration {i} of the {size}-byte run"
                         );
                     }
-                    self.check_received(&wc, size, seq, i)?;
+                    if wc.byte_len as usize != size {
+                        bail!(
+                            "verification failed at byte {} of iteration {i}: received {} bytes, expected {size}",
+                            wc.byte_len.min(size as u64),
+                            wc.byte_len
+                        );
+                    }
+                    self.received = Some(Received {
+                        seq,
+                        size,
+                        iteration: i,
+                        slot: Some(wc.wr_id as usize),
+                    });
                     break;
                 }
-                Some(_) => watch.progressed(),
+                Some(wc) => {
+                    self.note_sent(&wc);
+                    watch.progressed()
+                }
                 None => watch.check(what)?,
             }
         }
-        if self.verify && self.op == LatOp::Write {
-            let mut got = vec![0u8; size];
-            self.buf.target.read(0, &mut got);
-            if let Some(at) = pattern::first_mismatch(seq, size, &got) {
-                bail!("verification failed at byte {at} of iteration {i} ({size}-byte WRITE)");
-            }
-        }
-        Ok(())
-    }
-
-    fn check_received(
-        &mut self,
-        wc: &WorkCompletion,
-        size: usize,
-        seq: u64,
-        i: u64,
-    ) -> anyhow::Result<()> {
-        let slot = wc.wr_id as usize;
-        let slot_len = self.buf.slot_len;
-        let recv = self
-            .buf
-            .recv
-            .as_ref()
-            .expect("send runs have receive slots");
-        if wc.byte_len as usize != size {
-            bail!(
-                "verification failed at byte {} of iteration {i}: received {} bytes, expected {size}",
-                wc.byte_len.min(size as u64),
-                wc.byte_len
-            );
-        }
-        if self.verify {
-            let mut got = vec![0u8; size];
-            recv.read(slot * slot_len, &mut got);
-            // The peer's seq equals ours: both advance it once per iteration.
-            if let Some(at) = pattern::first_mismatch(seq, size, &got) {
-                bail!("verification failed at byte {at} of iteration {i} ({size}-byte SEND)");
-            }
-        }
-        let wr = RecvWr {
-            wr_id: slot as u64,
-            local: recv.sge(slot * slot_len, slot_len),
-        };
-        self.link().qp.post_recv(&[wr])?;
         Ok(())
     }
 

@@ -34,7 +34,10 @@ impl std::str::FromStr for Progress {
 /// How an engine runs.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
-    /// Preferred backend (io_uring falls back to sockets when unavailable).
+    /// Preferred backend (io_uring falls back to sockets when unavailable). Sockets by default:
+    /// io_uring measured slower in both progress modes (caller: 1.6-1.8x the UDP floor against
+    /// 1.1-1.35x from 8 B to 16 KiB; thread: 650-700 MiB/s against 650-1050 for 1 MiB WRITEs;
+    /// docs/performance.md, issue 16), and docs/verbs.md says which front end defaults to what.
     pub engine: EngineKind,
     /// Who drives progress.
     pub progress: Progress,
@@ -93,7 +96,7 @@ pub const DEFAULT_GATHER_THRESHOLD: Option<usize> = Some(1024);
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            engine: EngineKind::Uring,
+            engine: EngineKind::Sockets,
             progress: Progress::Thread,
             spin: Duration::from_micros(200),
             max_sleep: Duration::from_millis(50),

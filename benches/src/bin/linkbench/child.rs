@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use hdrhistogram::Histogram;
 
-use crate::{Bench, Case, kernel, rdma};
+use crate::{Bench, Case, frames, kernel, rdma};
 
 /// Longest a case may go without progress before it fails.
 pub const STALL: Duration = Duration::from_secs(10);
@@ -149,6 +149,8 @@ fn run(args: &ChildArgs) -> anyhow::Result<()> {
     let measured = match (args.case.bench, args.server) {
         (Bench::UdpFloor, true) => return kernel::udp_server(args),
         (Bench::UdpFloor, false) => kernel::udp_client(args)?,
+        (Bench::FrameFloor, true) => return frames::frame_server(args),
+        (Bench::FrameFloor, false) => frames::frame_client(args)?,
         (Bench::TcpBlocking, true) => return kernel::tcp_server(args),
         (Bench::TcpBlocking, false) => kernel::tcp_client(args)?,
         (Bench::TcpStream, true) => return kernel::stream_server(args),

@@ -17,6 +17,7 @@
 //! cases in [`rdma`], the table in [`report`].
 
 mod child;
+mod frames;
 mod kernel;
 mod rdma;
 mod report;
@@ -34,6 +35,9 @@ use tbrdma_verbs::EngineKind;
 pub enum Bench {
     /// Nonblocking UDP ping-pong, both sides busy-polling `recv`: the floor the kernel allows.
     UdpFloor,
+    /// Busy-polled ping-pong of raw Ethernet frames over `AF_PACKET` with a receive ring: the
+    /// floor of the packet engine.
+    FrameFloor,
     /// Blocking TCP ping-pong with `TCP_NODELAY`.
     TcpBlocking,
     /// tbrdma SEND ping-pong on pre-posted receives.
@@ -51,6 +55,7 @@ impl Bench {
     pub fn name(self) -> String {
         match self {
             Bench::UdpFloor => "udp-busy".into(),
+            Bench::FrameFloor => "frame-busy".into(),
             Bench::TcpBlocking => "tcp-nodelay".into(),
             Bench::Send(e) => format!("send-{}", e.name()),
             Bench::Write(e) => format!("write-{}", e.name()),
@@ -63,6 +68,7 @@ impl Bench {
         let engine = |s: &str| s.parse::<EngineKind>().map_err(|e| anyhow!(e));
         Ok(match name {
             "udp-busy" => Bench::UdpFloor,
+            "frame-busy" => Bench::FrameFloor,
             "tcp-nodelay" => Bench::TcpBlocking,
             "tcp-stream" => Bench::TcpStream,
             _ => {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use tbrdma_verbs::EngineKind;
 
-use crate::run::{CLIENT_CPU, SERVER_CPU};
+use crate::run::{CLIENT_CPU, ENGINES, LATENCY_SIZES, SERVER_CPU};
 use crate::{Bench, Case, Options};
 
 /// What one case gave.
@@ -302,42 +302,63 @@ impl Ratio {
     }
 }
 
+/// The floor an engine is compared with: the UDP spin floor for the engines that use UDP
+/// sockets, the raw-frame floor for the packet engine.
+fn floor_of(engine: EngineKind) -> Bench {
+    match engine {
+        EngineKind::Packet => Bench::FrameFloor,
+        _ => Bench::UdpFloor,
+    }
+}
+
 fn ratios(run: &Run) -> Vec<Ratio> {
     let mut out = Vec::new();
     // A round-trip baseline that failed in every round gives no ratio at all (a failed
     // tcp-stream gives FAILED ones), as before there were rounds.
     let baseline =
         |bench, size| figures(run, bench, size).filter(|f| f.iter().any(Option::is_some));
-    for (size, udp_size) in [(8, 8), (4096, 4096), (65_536, 65_507)] {
-        let udp = baseline(Bench::UdpFloor, udp_size);
+    for (size, floor_size) in LATENCY_SIZES {
         let tcp = baseline(Bench::TcpBlocking, size);
-        let targeted = size == 8;
-        for engine in [EngineKind::Uring, EngineKind::Sockets] {
+        for engine in ENGINES {
+            let floor_bench = floor_of(engine);
+            let floor = baseline(floor_bench, floor_size);
             for bench in [Bench::Send(engine), Bench::Write(engine)] {
                 let Some(ours) = figures(run, bench, size) else {
                     continue;
                 };
-                if let Some(udp) = &udp {
+                // Issue 16: one-way p50 (half the round trip on both sides, so the ratio of
+                // round trips) at most 1.2x the engine's own floor at every size.
+                if let Some(floor) = &floor {
                     out.push(Ratio::new(
-                        format!("{bench} {size} B p50 / udp-busy {udp_size} B p50"),
+                        format!("{bench} {size} B p50 / {floor_bench} {floor_size} B p50"),
                         &ours,
-                        udp,
-                        targeted.then_some((1.2, true)),
+                        floor,
+                        Some((1.2, true)),
                     ));
                 }
-                if let Some(tcp) = &tcp {
+                // Issue 16: the mean at most 1.25x the p50 at 8 B and 16 KiB.
+                if let Some(means) = means(run, bench, size) {
+                    out.push(Ratio::new(
+                        format!("{bench} {size} B mean / p50"),
+                        &means,
+                        &ours,
+                        matches!(size, 8 | 16_384).then_some((1.25, true)),
+                    ));
+                }
+                // Issue 3: at most 0.6x blocking TCP at 8 B.
+                if let Some(tcp) = tcp.as_ref().filter(|_| size == 8) {
                     out.push(Ratio::new(
                         format!("{bench} {size} B p50 / tcp-nodelay {size} B p50"),
                         &ours,
                         tcp,
-                        targeted.then_some((0.6, true)),
+                        Some((0.6, true)),
                     ));
                 }
             }
         }
     }
     let stream = figures(run, Bench::TcpStream, 1 << 20);
-    for engine in [EngineKind::Uring, EngineKind::Sockets] {
+    for engine in ENGINES {
         let bench = Bench::WriteBandwidth(engine);
         if let (Some(ours), Some(tcp)) = (figures(run, bench, 1 << 20), &stream) {
             out.push(Ratio::new(
@@ -349,6 +370,26 @@ fn ratios(run: &Run) -> Vec<Ratio> {
         }
     }
     out
+}
+
+/// A round-trip case's mean in each round, in nanoseconds (`None` where it failed), or `None`
+/// when the case was not run.
+fn means(run: &Run, bench: Bench, size: usize) -> Option<Vec<Option<f64>>> {
+    let case = Case { bench, size };
+    let records: Vec<&Record> = run.records.iter().filter(|r| r.case == case).collect();
+    if records.is_empty() {
+        return None;
+    }
+    let mean = |round| {
+        records
+            .iter()
+            .find(|r| r.round == round)
+            .and_then(|r| match r.outcome {
+                Outcome::RoundTrips { mean, .. } => Some(mean),
+                Outcome::Bandwidth { .. } | Outcome::Failed => None,
+            })
+    };
+    Some((1..=run.options.rounds).map(mean).collect())
 }
 
 /// A record's error on one line.
@@ -740,5 +781,49 @@ mod tests {
             json.contains("\"value\":1.100,\"rounds\":[1.500,1.100,null]"),
             "{json}"
         );
+    }
+
+    #[test]
+    fn each_engine_is_judged_against_its_own_floor_and_its_mean() {
+        let rtt = |p50, mean| Outcome::RoundTrips {
+            count: 1,
+            p50,
+            p99: p50,
+            mean,
+            min: p50,
+            max: p50,
+            over_1ms: 0,
+        };
+        let record = |bench, outcome| Record {
+            case: Case {
+                bench,
+                size: 16_384,
+            },
+            round: 1,
+            outcome,
+            counters: None,
+            error: None,
+        };
+        let mut run = three_rounds();
+        run.options.rounds = 1;
+        run.records = vec![
+            record(Bench::UdpFloor, rtt(10_000, 10_000.0)),
+            record(Bench::FrameFloor, rtt(5_000, 5_000.0)),
+            record(Bench::Write(EngineKind::Sockets), rtt(11_000, 11_000.0)),
+            record(Bench::Write(EngineKind::Packet), rtt(11_000, 15_000.0)),
+        ];
+        let found = |label: &str| {
+            ratios(&run)
+                .into_iter()
+                .find(|r| r.label == label)
+                .unwrap_or_else(|| panic!("no ratio {label}"))
+        };
+        let sockets = found("write-sockets 16384 B p50 / udp-busy 16384 B p50");
+        assert_eq!((sockets.value, sockets.verdict()), (1.1, "PASS"));
+        let packet = found("write-packet 16384 B p50 / frame-busy 16384 B p50");
+        assert_eq!((packet.value, packet.verdict()), (2.2, "MISS"));
+        let spread = found("write-packet 16384 B mean / p50");
+        assert_eq!(spread.verdict(), "MISS");
+        assert_eq!(found("write-sockets 16384 B mean / p50").verdict(), "PASS");
     }
 }

@@ -71,29 +71,35 @@ fn watch_signals(lab_name: String) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The message sizes of the latency cases, with the size of the floors' datagram (a UDP
+/// datagram carries at most 65 507 bytes; tbrdma sends 64 KiB as two datagrams).
+pub const LATENCY_SIZES: [(usize, usize); 4] =
+    [(8, 8), (4096, 4096), (16_384, 16_384), (65_536, 65_507)];
+/// The engines measured, each against its own floor.
+pub const ENGINES: [EngineKind; 3] = [EngineKind::Uring, EngineKind::Sockets, EngineKind::Packet];
+
 /// The cases in run order: per message size, every system back to back, so that drift of the
 /// machine during the run shifts a size's comparisons together.
 fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
-    for (udp, size) in [(8, 8), (4096, 4096), (65_507, 65_536)] {
-        cases.push(Case {
-            bench: Bench::UdpFloor,
-            size: udp,
-        });
+    for (size, floor) in LATENCY_SIZES {
+        for bench in [Bench::UdpFloor, Bench::FrameFloor] {
+            cases.push(Case { bench, size: floor });
+        }
         let mut benches = vec![Bench::TcpBlocking];
-        for engine in [EngineKind::Uring, EngineKind::Sockets] {
+        for engine in ENGINES {
             benches.push(Bench::Send(engine));
             benches.push(Bench::Write(engine));
         }
         cases.extend(benches.into_iter().map(|bench| Case { bench, size }));
     }
-    for bench in [
-        Bench::TcpStream,
-        Bench::WriteBandwidth(EngineKind::Uring),
-        Bench::WriteBandwidth(EngineKind::Sockets),
-    ] {
+    cases.push(Case {
+        bench: Bench::TcpStream,
+        size: 1 << 20,
+    });
+    for engine in ENGINES {
         cases.push(Case {
-            bench,
+            bench: Bench::WriteBandwidth(engine),
             size: 1 << 20,
         });
     }

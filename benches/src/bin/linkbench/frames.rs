@@ -1,0 +1,106 @@
+//! The raw-frame floor: what the packet engine's kernel path allows, with no protocol on it.
+//!
+//! A busy-polled ping-pong of Ethernet frames of tbrdma's experimental EtherType (0x88B5) over
+//! `AF_PACKET`, through the packet engine's own I/O backend
+//! ([`tbrdma_engine::io::packet::PacketIo`]): each frame leaves with one `sendmsg` and arrives
+//! in the 32-frame `TPACKET_V2` ring the process shares with the kernel, read by polling its
+//! status word (no system call). The server copies each frame's datagram out of the ring into
+//! its transmit buffer and sends it back (the engine copies a received payload out of the ring
+//! once too, into the region); the client only checks the echo's length. Everything the packet
+//! engine adds on top of this (header, CRC, placement, acknowledgements) is what its ratio to
+//! this floor measures.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::Instant;
+
+use anyhow::{Context, ensure};
+use tbrdma_engine::io::packet::PacketIo;
+use tbrdma_engine::io::{DatagramIo, TxBatch};
+
+use crate::child::{ChildArgs, Measured, RoundTrips, check_stall, ready};
+
+/// Largest datagram of the floor (a UDP datagram's largest payload, as the UDP floor uses).
+const MAX_DATAGRAM: usize = 65_507;
+/// Ring polls between clock reads while waiting.
+const POLLS_PER_CHECK: u32 = 4096;
+
+/// The packet backend on a UDP socket bound to `addr` (which only names the rail: address and
+/// port in the frames' shim; it carries nothing).
+fn open(addr: SocketAddr) -> anyhow::Result<PacketIo> {
+    let socket = UdpSocket::bind(addr).with_context(|| format!("binding {addr}"))?;
+    PacketIo::new(socket, MAX_DATAGRAM).context("opening the AF_PACKET socket and its ring")
+}
+
+/// Spins on the ring until one frame arrives; copies its datagram into `batch`, addressed back
+/// to its sender when `echo`, and returns its length.
+fn receive(
+    io: &mut PacketIo,
+    batch: &mut TxBatch,
+    echo: bool,
+    what: &str,
+) -> anyhow::Result<usize> {
+    let since = Instant::now();
+    let mut polls = 0u32;
+    loop {
+        let mut got = None;
+        io.recv(&mut None, &mut |data: &[u8], from: SocketAddr| {
+            if got.is_none() {
+                got = Some((data.len(), from));
+                if echo {
+                    if let Some(buf) = batch.next_buf() {
+                        buf[..data.len()].copy_from_slice(data);
+                        batch.commit(data.len(), from);
+                    }
+                }
+            }
+        })
+        .context("receiving a frame")?;
+        if let Some((len, _)) = got {
+            return Ok(len);
+        }
+        polls += 1;
+        if polls % POLLS_PER_CHECK == 0 {
+            check_stall(since, what)?;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Echoes `total` frames.
+pub fn frame_server(args: &ChildArgs) -> anyhow::Result<()> {
+    let mut io = open(args.server_addr)?;
+    let mut batch = TxBatch::new(1, MAX_DATAGRAM);
+    ready();
+    for _ in 0..args.total() {
+        receive(&mut io, &mut batch, true, "waiting for a frame")?;
+        io.send(&mut batch).context("echoing a frame")?;
+    }
+    Ok(())
+}
+
+/// Sends a frame of the case's size, spins until its echo is back; one round trip each.
+pub fn frame_client(args: &ChildArgs) -> anyhow::Result<Measured> {
+    let size = args.case.size.min(MAX_DATAGRAM);
+    // A port of our own for the shim; the socket itself stays unused.
+    let mut io = open(SocketAddr::new(args.ip, 0))?;
+    io.set_peer(Some(args.server_addr))?;
+    let mut out = TxBatch::new(1, MAX_DATAGRAM);
+    let mut echo = TxBatch::new(1, MAX_DATAGRAM);
+    let message = vec![0xa5u8; size];
+    let mut rtts = RoundTrips::new();
+    for i in 0..args.total() {
+        // Outside the time, as the UDP floor sends from its message in place.
+        let buf = out.next_buf().expect("an empty batch has room");
+        buf[..size].copy_from_slice(&message);
+        out.commit(size, args.server_addr);
+        let start = Instant::now();
+        io.send(&mut out).context("sending a frame")?;
+        let n = receive(&mut io, &mut echo, false, "waiting for the echo")?;
+        let rtt = start.elapsed();
+        ensure!(n == size, "echo of {n} bytes for {size}");
+        if i >= args.warmup {
+            rtts.record(rtt);
+        }
+    }
+    Ok(Measured::RoundTrips(rtts))
+}
