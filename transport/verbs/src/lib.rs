@@ -65,12 +65,14 @@
 
 mod cm;
 mod device;
+mod direct;
 mod error;
 mod pd;
 mod qp;
 
 pub use cm::{Connected, Listener, QpOptions, connect};
 pub use device::{CompletionQueue, Device, DeviceConfig};
+pub use direct::DirectParams;
 pub use error::{Result, VerbsError};
 pub use pd::{MemoryRegion, ProtectionDomain};
 pub use qp::QueuePair;
