@@ -71,7 +71,8 @@ struct DeviceObj {
     link: Link,
 }
 
-struct Devices(Vec<Box<DeviceObj>>);
+/// Built once and never changed, so the devices' addresses are stable for the process.
+struct Devices(Vec<DeviceObj>);
 
 // SAFETY: the device objects are built once and never written afterwards; their raw pointer
 // fields are NULL. Sharing them between threads only ever reads.
@@ -101,13 +102,13 @@ fn devices() -> &'static Devices {
                     copy_str(&mut dev.dev_name, &format!("uverbs{index}"));
                     copy_str(&mut dev.dev_path, &format!("{SYSFS_VERBS}/uverbs{index}"));
                     copy_str(&mut dev.ibdev_path, &format!("{SYSFS_IB}/{}", link.name));
-                    Box::new(DeviceObj {
+                    DeviceObj {
                         dev,
                         verbs_device_ops: ptr::null(),
                         _verbs_device_rest: [0; 8],
                         index,
                         link,
-                    })
+                    }
                 })
                 .collect(),
         )
@@ -118,11 +119,7 @@ const SYSFS_IB: &str = "/sys/class/infiniband";
 const SYSFS_VERBS: &str = "/sys/class/infiniband_verbs";
 
 fn device_of(dev: *mut ibv_device) -> Option<&'static DeviceObj> {
-    devices()
-        .0
-        .iter()
-        .map(|d| &**d)
-        .find(|d| ptr::eq(&d.dev, dev))
+    devices().0.iter().find(|d| ptr::eq(&d.dev, dev))
 }
 
 #[unsafe(no_mangle)]
