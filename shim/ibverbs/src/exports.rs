@@ -717,7 +717,7 @@ extern "C" fn ibv_ack_cq_events(_cq: *mut ibv_cq, _nevents: c_uint) {}
 #[repr(C)]
 struct QpObj {
     ibv: ibv_qp,
-    qp: Qp,
+    qp: Arc<Qp>,
 }
 
 /// # Safety
@@ -778,7 +778,9 @@ unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr)
 unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: allocated by Box in ibv_create_qp; its last use (closes the connection).
-        drop(unsafe { Box::from_raw(qp as *mut QpObj) });
+        let obj = unsafe { Box::from_raw(qp as *mut QpObj) };
+        obj.qp.detach();
+        drop(obj);
         0
     })
 }

@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use tbrdma_proto::{Access, Config, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use tbrdma_proto::{
+    Access, Config, ConnectionError, Event, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
 use tbrdma_verbs::{
     Completion, CompletionQueue, Device, DeviceConfig, DirectParams, EngineConfig, MemoryRegion,
     Progress, ProtectionDomain, QueuePair, VerbsError,
@@ -243,7 +245,15 @@ pub fn access_of(flags: i32) -> Result<Access, Errno> {
 pub struct Cq {
     pub tb: CompletionQueue,
     pub cqe: u32,
-    senders: Mutex<HashMap<u32, Arc<SendTable>>>,
+    senders: Mutex<HashMap<u32, Attached>>,
+}
+
+/// A queue pair completing into a completion queue: its send table, and the queue pair (to
+/// ask whether its flushed requests are reported).
+#[derive(Debug)]
+struct Attached {
+    table: Arc<SendTable>,
+    qp: Weak<Qp>,
 }
 
 impl Cq {
@@ -292,8 +302,12 @@ impl Cq {
         Ok(n)
     }
 
-    fn attach(&self, qp_num: u32, table: Arc<SendTable>) {
-        lock(&self.senders).insert(qp_num, table);
+    fn attach(&self, qp: &Arc<Qp>) {
+        let attached = Attached {
+            table: Arc::clone(&qp.sends),
+            qp: Arc::downgrade(qp),
+        };
+        lock(&self.senders).insert(qp.qp_num, attached);
     }
 
     fn detach(&self, qp_num: u32) {
@@ -333,8 +347,9 @@ fn opcode_of(o: WcOpcode) -> i32 {
 }
 
 /// The verbs completion for an engine completion, or None for a successful unsignaled send.
-fn translate(c: &Completion, senders: &HashMap<u32, Arc<SendTable>>) -> Option<ibv_wc> {
-    let table = senders.get(&c.qp_num);
+fn translate(c: &Completion, senders: &HashMap<u32, Attached>) -> Option<ibv_wc> {
+    let attached = senders.get(&c.qp_num);
+    let table = attached.map(|a| &a.table);
     let mut wc = ibv_wc {
         wr_id: c.wc.wr_id,
         status: status_of(c.wc.status),
@@ -348,11 +363,11 @@ fn translate(c: &Completion, senders: &HashMap<u32, Arc<SendTable>>) -> Option<i
         wc.imm_data = imm;
         wc.wc_flags |= IBV_WC_WITH_IMM;
     }
-    if c.wc.status == WcStatus::Flushed && !table.is_some_and(|t| t.reports_flushes()) {
-        if let Some(t) = table {
-            if c.wc.queue == Queue::Send {
-                t.take(c.wc.wr_id);
-            }
+    if c.wc.status == WcStatus::Flushed
+        && attached.is_none_or(|a| a.qp.upgrade().is_none_or(|qp| qp.flushes_are_silent()))
+    {
+        if let (Some(t), Queue::Send) = (table, c.wc.queue) {
+            t.take(c.wc.wr_id);
         }
         return None;
     }
@@ -384,11 +399,6 @@ struct SendTableInner {
     next: u64,
     outstanding: HashMap<u64, (u64, bool)>,
     remote_qpn: u32,
-    /// The application moved the queue pair to ERR (or RESET): flushed requests are reported.
-    /// Until then, requests flushed because the peer closed its end stay silent, as on
-    /// InfiniBand, where a peer's queue pair going away is not seen by this side at all (its
-    /// receives stay posted until the application tears the queue pair down).
-    flush_reported: bool,
 }
 
 impl SendTable {
@@ -406,14 +416,6 @@ impl SendTable {
 
     fn remote_qpn(&self) -> u32 {
         lock(&self.inner).remote_qpn
-    }
-
-    fn reports_flushes(&self) -> bool {
-        lock(&self.inner).flush_reported
-    }
-
-    fn set_reports_flushes(&self, on: bool) {
-        lock(&self.inner).flush_reported = on;
     }
 }
 
@@ -463,6 +465,8 @@ struct QpInner {
     init: QpInit,
     attr: ibv_qp_attr,
     tb: Option<QueuePair>,
+    /// Why the connection ended, once it did.
+    ended: Option<ConnectionError>,
     pending_recvs: Vec<RecvWr>,
     inline: Option<InlineRing>,
 }
@@ -495,7 +499,7 @@ impl Qp {
         send_cq: Arc<Cq>,
         recv_cq: Arc<Cq>,
         mut init: QpInit,
-    ) -> Result<Qp, Errno> {
+    ) -> Result<Arc<Qp>, Errno> {
         let cap = &mut init.cap;
         if cap.max_send_wr > MAX_QP_WR
             || cap.max_recv_wr > MAX_QP_WR
@@ -522,10 +526,7 @@ impl Qp {
             .tb
             .alloc_mr(slots * slot_len, Access::LOCAL_WRITE)
             .map_err(|_| libc::ENOMEM)?;
-        let sends = Arc::new(SendTable::default());
-        send_cq.attach(qp_num, Arc::clone(&sends));
-        recv_cq.attach(qp_num, Arc::clone(&sends));
-        Ok(Qp {
+        let qp = Arc::new(Qp {
             qp_num,
             inner: Mutex::new(QpInner {
                 state: IBV_QPS_RESET,
@@ -533,6 +534,7 @@ impl Qp {
                 init,
                 attr: ibv_qp_attr::default(),
                 tb: None,
+                ended: None,
                 pending_recvs: Vec::new(),
                 inline: Some(InlineRing {
                     mr,
@@ -541,10 +543,36 @@ impl Qp {
                     next: 0,
                 }),
             }),
-            sends,
+            sends: Arc::new(SendTable::default()),
             send_cq,
             recv_cq,
-        })
+        });
+        qp.send_cq.attach(&qp);
+        qp.recv_cq.attach(&qp);
+        Ok(qp)
+    }
+
+    /// Whether requests the engine flushed stay unreported: when the peer closed its end of an
+    /// established connection and the application has not moved the queue pair to ERR. On
+    /// InfiniBand this side would not notice the peer's queue pair going away at all (its
+    /// receives stay posted until the application tears it down); reporting the flushes would
+    /// fail applications that finish with receives posted (ibv_rc_pingpong does). A connection
+    /// that failed otherwise (handshake, retries) reports them: the application must learn
+    /// that its requests will never complete.
+    fn flushes_are_silent(&self) -> bool {
+        let mut inner = lock(&self.inner);
+        let events = inner
+            .tb
+            .as_ref()
+            .map(|tb| tb.take_events())
+            .unwrap_or_default();
+        for e in events {
+            if let Event::Failed(err) = e {
+                inner.ended = Some(err);
+            }
+        }
+        matches!(inner.state, IBV_QPS_RTR | IBV_QPS_RTS)
+            && inner.ended == Some(ConnectionError::ClosedByPeer)
     }
 
     /// The capabilities it was created with (what `ibv_create_qp` reports back).
@@ -631,13 +659,12 @@ impl Qp {
         };
         match (current, target) {
             (_, IBV_QPS_RESET) => {
-                self.sends.set_reports_flushes(true);
                 inner.tb = None;
+                inner.ended = None;
                 inner.pending_recvs.clear();
                 inner.attr = ibv_qp_attr::default();
             }
             (_, IBV_QPS_ERR) => {
-                self.sends.set_reports_flushes(true);
                 // Closing flushes what is outstanding; receives never handed over are flushed
                 // here.
                 inner.tb = None;
@@ -654,7 +681,6 @@ impl Qp {
                     return Err(libc::EINVAL);
                 }
                 keep(&mut inner);
-                self.sends.set_reports_flushes(false);
                 self.connect(&mut inner, attr)?;
             }
             (IBV_QPS_RTR, IBV_QPS_RTS) | (IBV_QPS_RTS, IBV_QPS_RTS) => keep(&mut inner),
@@ -810,8 +836,11 @@ impl Qp {
     }
 }
 
-impl Drop for Qp {
-    fn drop(&mut self) {
+impl Qp {
+    /// `ibv_destroy_qp`: its completion queues forget it (what it had outstanding completes
+    /// unreported, as verbs leaves it undefined). Not in `Drop`: a poller holding the
+    /// completion queue's table may drop the last reference.
+    pub fn detach(&self) {
         self.send_cq.detach(self.qp_num);
         self.recv_cq.detach(self.qp_num);
     }

@@ -351,17 +351,8 @@ fn perftest_bandwidth_tools_complete_every_run() {
     }
 }
 
-#[test]
-fn patterns_through_the_real_verbs_h_check_every_byte() {
-    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
-        eprintln!(
-            "SKIPPED: /usr/include/infiniband/verbs.h not found (apt-get install libibverbs-dev)"
-        );
-        return;
-    }
-    let Some(setup) = Setup::new("ibvp", &["cc"]) else {
-        return;
-    };
+/// Compiles `tests/c/patterns.c` against the system `verbs.h` and the library.
+fn build_patterns(setup: &Setup) -> String {
     let exe = setup.lib.join("patterns");
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/patterns.c");
     let out = Command::new("cc")
@@ -377,25 +368,31 @@ fn patterns_through_the_real_verbs_h_check_every_byte() {
         "compiling patterns.c:\n{}",
         text(&out)
     );
-    let exe = exe.to_string_lossy().into_owned();
-    let port = "18690";
-    let mut server = setup
-        .command(0, &exe, &strings(&["server", &setup.device(0), port]))
-        .spawn()
-        .expect("start the server");
+    exe.to_string_lossy().into_owned()
+}
+
+/// Runs the pattern program, server in rank 0, with `delays` (seconds before RTR) for the
+/// server and the client.
+fn run_patterns(setup: &Setup, exe: &str, port: u16, delays: [u32; 2]) {
+    let port = port.to_string();
+    let mut server_cmd = setup.command(0, exe, &strings(&["server", &setup.device(0), &port]));
+    let mut client_cmd = setup.command(
+        1,
+        exe,
+        &strings(&["client", &setup.device(1), &setup.address(0), &port]),
+    );
+    for (cmd, delay) in [(&mut server_cmd, delays[0]), (&mut client_cmd, delays[1])] {
+        if delay > 0 {
+            cmd.env("PATTERNS_RTR_DELAY_S", delay.to_string());
+        }
+    }
+    let mut server = server_cmd.spawn().expect("start the server");
     let mut first = String::new();
     BufReader::new(server.stdout.as_mut().unwrap())
         .read_line(&mut first)
         .unwrap();
     assert_eq!(first.trim(), "listening", "the server said {first:?}");
-    let client = setup
-        .command(
-            1,
-            &exe,
-            &strings(&["client", &setup.device(1), &setup.address(0), port]),
-        )
-        .output()
-        .unwrap();
+    let client = client_cmd.output().unwrap();
     let server = server.wait_with_output().unwrap();
     let (s, c) = (text(&server), text(&client));
     assert!(
@@ -403,6 +400,37 @@ fn patterns_through_the_real_verbs_h_check_every_byte() {
             && client.status.success()
             && s.contains("PASS")
             && c.contains("PASS"),
-        "--- server:\n{s}\n--- client:\n{c}"
+        "delays {delays:?}\n--- server:\n{s}\n--- client:\n{c}"
     );
+}
+
+fn patterns_setup(tag: &str) -> Option<Setup> {
+    if !Path::new("/usr/include/infiniband/verbs.h").exists() {
+        eprintln!(
+            "SKIPPED: /usr/include/infiniband/verbs.h not found (apt-get install libibverbs-dev)"
+        );
+        return None;
+    }
+    Setup::new(tag, &["cc"])
+}
+
+#[test]
+fn patterns_through_the_real_verbs_h_check_every_byte() {
+    let Some(setup) = patterns_setup("ibvp") else {
+        return;
+    };
+    let exe = build_patterns(&setup);
+    run_patterns(&setup, &exe, 18690, [0, 0]);
+}
+
+/// One side reaches RTR seconds after the other (longer than tbrdma's default idle timeout
+/// and handshake budget): the other side waits for it, whichever of the two sends CONNECT.
+#[test]
+fn a_peer_that_reaches_rtr_seconds_later_is_waited_for() {
+    let Some(setup) = patterns_setup("ibvw") else {
+        return;
+    };
+    let exe = build_patterns(&setup);
+    run_patterns(&setup, &exe, 18691, [0, 5]);
+    run_patterns(&setup, &exe, 18692, [5, 0]);
 }

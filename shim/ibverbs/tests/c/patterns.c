@@ -6,6 +6,9 @@
  *
  * usage: patterns server <device> <tcp-port>
  *        patterns client <device> <server-ip> <tcp-port>
+ * With PATTERNS_RTR_DELAY_S=<seconds> in its environment, a side waits that long after the
+ * address exchange before moving its queue pair to RTR (a peer that is late, as NCCL's
+ * asynchronous connection setup can be: the other side must wait for it).
  * Prints "PASS" and exits 0 when every check held; "FAIL: ..." and exits 1 otherwise. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -214,6 +217,8 @@ int main(int argc, char **argv)
 	}
 	xfer(fd, &me, sizeof(me), 1);
 	xfer(fd, &peer, sizeof(peer), 0);
+	if (getenv("PATTERNS_RTR_DELAY_S"))
+		sleep(atoi(getenv("PATTERNS_RTR_DELAY_S")));
 	to_rtr_rts(qp, &peer, 1);
 
 	if (server) {
