@@ -87,9 +87,14 @@ impl Setup {
 
     /// `program args` in `rank`'s namespace over the library, with its link as the device.
     fn command(&self, rank: usize, program: &str, args: &[String]) -> Command {
+        self.command_within(rank, TOOL_TIMEOUT_S, program, args)
+    }
+
+    /// [`Self::command`], ended by `timeout` after `seconds`.
+    fn command_within(&self, rank: usize, seconds: u32, program: &str, args: &[String]) -> Command {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.lab.namespace(rank), "timeout"])
-            .arg(TOOL_TIMEOUT_S.to_string())
+            .arg(seconds.to_string())
             .arg(program)
             .args(args)
             .env("LD_LIBRARY_PATH", &self.lib)
@@ -433,4 +438,54 @@ fn a_peer_that_reaches_rtr_seconds_later_is_waited_for() {
     let exe = build_patterns(&setup);
     run_patterns(&setup, &exe, 18691, [0, 5]);
     run_patterns(&setup, &exe, 18692, [5, 0]);
+}
+
+/// With a pre-shared key, both sides holding it connect; a side with another key cannot: the
+/// side that sends CONNECT gives up after its (shortened: 4 retries, about 30 ms) budget and
+/// its posted receive is flushed, which the pattern server reports as its failure.
+#[test]
+fn a_peer_without_the_key_cannot_connect() {
+    let Some(setup) = patterns_setup("ibvk") else {
+        return;
+    };
+    let exe = build_patterns(&setup);
+    let port = "18693";
+    let run = |keys: [&str; 2], retries: &str, client_limit: u32| {
+        let mut server_cmd = setup.command(0, &exe, &strings(&["server", &setup.device(0), port]));
+        let mut client_cmd = setup.command_within(
+            1,
+            client_limit,
+            &exe,
+            &strings(&["client", &setup.device(1), &setup.address(0), port]),
+        );
+        for (cmd, key) in [(&mut server_cmd, keys[0]), (&mut client_cmd, keys[1])] {
+            cmd.env("TBRDMA_IBV_PSK", key)
+                .env("TBRDMA_IBV_RETRIES", retries);
+        }
+        let mut server = server_cmd.spawn().expect("start the server");
+        let mut first = String::new();
+        BufReader::new(server.stdout.as_mut().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert_eq!(first.trim(), "listening", "the server said {first:?}");
+        // The client of a failed handshake waits for ever (as a verbs queue pair would):
+        // `timeout` ends it after `client_limit` seconds.
+        let client = client_cmd.spawn().expect("start the client");
+        let server = server.wait_with_output().unwrap();
+        let client = client.wait_with_output().unwrap();
+        (server.status.success(), text(&server), text(&client))
+    };
+    // Rank 0's address is the smaller: the server sends CONNECT.
+    let ip = |rank| setup.address(rank).parse::<std::net::Ipv4Addr>().unwrap();
+    assert!(ip(0) < ip(1), "the lab gave rank 0 the larger address");
+    let (ok, s, c) = run(["same key", "same key"], "30", TOOL_TIMEOUT_S);
+    assert!(
+        ok && s.contains("PASS"),
+        "--- server:\n{s}\n--- client:\n{c}"
+    );
+    let (ok, s, c) = run(["one key", "another key"], "4", 15);
+    assert!(
+        !ok && s.contains("first receive: status 5"),
+        "the handshake with a wrong key must fail:\n--- server:\n{s}\n--- client:\n{c}"
+    );
 }
