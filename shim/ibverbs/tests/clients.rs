@@ -62,9 +62,12 @@ impl Setup {
     fn new(tag: &str, tools: &[&str]) -> Option<Setup> {
         for tool in tools {
             if find_tool(tool).is_none() {
-                eprintln!(
-                    "SKIPPED: {tool} is not installed (Debian: apt-get install perftest ibverbs-utils)"
-                );
+                let package = match *tool {
+                    "cc" => "gcc",
+                    t if t.starts_with("ibv_") => "ibverbs-utils",
+                    _ => "perftest",
+                };
+                eprintln!("SKIPPED: {tool} is not installed (Debian: apt-get install {package})");
                 return None;
             }
         }
