@@ -65,6 +65,7 @@
 
 mod cm;
 mod device;
+mod direct;
 mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
@@ -73,6 +74,7 @@ mod qp;
 
 pub use cm::{Connected, Listener, MAX_PENDING, QpOptions, connect};
 pub use device::{CompletionQueue, Device, DeviceConfig};
+pub use direct::DirectParams;
 pub use error::{Result, VerbsError};
 pub use pd::{MemoryRegion, ProtectionDomain};
 pub use qp::QueuePair;

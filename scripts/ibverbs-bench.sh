@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# perftest over the libibverbs-compatible library against tbrdma's own tools, in the same run,
+# between two network namespaces joined by a veth pair (MTU 65520).
+#
+#   cargo build --release -p tbrdma-ibverbs -p tbrdma-cli
+#   sudo scripts/ibverbs-bench.sh [ROUNDS] [LAT_ITERS] [BW_ITERS]
+#
+# Per size and round: ib_write_lat / ib_write_bw (Debian's perftest, unmodified, over
+# target/release/libibverbs.so) against `tbrdma pingpong --op write` / `tbrdma bw --op write`
+# with the same engine (sockets) and the same progress (an engine thread per process, which the
+# library always uses). Rounds interleave the systems so that the machine's drift hits both.
+# Prints one line per measurement and, per size, the median ratio over the rounds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-3}
+LAT_ITERS=${2:-2000}
+BW_ITERS=${3:-2000}
+LIB_SO=target/release/libibverbs.so
+TBRDMA=target/release/tbrdma
+for f in "$LIB_SO" "$TBRDMA"; do
+    [[ -x $f || -f $f ]] || { echo "build first: cargo build --release -p tbrdma-ibverbs -p tbrdma-cli ($f)"; exit 1; }
+done
+command -v ib_write_lat >/dev/null || { echo "perftest is not installed (apt-get install perftest)"; exit 1; }
+
+A=ibvbench-a-$$ B=ibvbench-b-$$ IFA=ibvba$$ IFB=ibvbb$$
+IFA=${IFA:0:15} IFB=${IFB:0:15}
+LIB=$(mktemp -d)
+cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; rm -rf "$LIB"; }
+trap cleanup EXIT INT TERM
+ln -s "$PWD/$LIB_SO" "$LIB/libibverbs.so.1"
+ip netns add "$A"; ip netns add "$B"
+ip link add "$IFA" type veth peer name "$IFB"
+ip link set "$IFA" netns "$A"; ip link set "$IFB" netns "$B"
+ip -n "$A" addr add 10.99.0.1/30 dev "$IFA"; ip -n "$B" addr add 10.99.0.2/30 dev "$IFB"
+for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
+ip -n "$A" link set "$IFA" mtu 65520 up; ip -n "$B" link set "$IFB" mtu 65520 up
+
+PORT=19000
+verbs() { # ns interface tool args...
+    local ns=$1 ifc=$2; shift 2
+    ip netns exec "$ns" env LD_LIBRARY_PATH="$LIB" TBRDMA_IBV_DEVICES="$ifc" TBRDMA_IBV_ENGINE=sockets \
+        timeout 300 "$@" -d "tbrdma_$ifc"
+}
+wait_port() { # ns port
+    local hex; hex=$(printf ':%04X 00000000:0000 0A' "$1")
+    until ip netns exec "$2" cat /proc/net/tcp | grep -q "$hex"; do sleep 0.02; done
+}
+# field N (0-based) of the result row whose first two fields are SIZE ITERS
+row_field() { awk -v s="$1" -v n="$2" -v f="$3" '$1==s && $2==n && $3 ~ /^[0-9.]+$/ {print $(f+1); exit}'; }
+
+run_perftest() { # tool size iters field
+    PORT=$((PORT + 1))
+    verbs "$A" "$IFA" "$1" -s "$2" -n "$3" -p "$PORT" >/dev/null 2>&1 &
+    local srv=$!
+    wait_port "$PORT" "$A"
+    verbs "$B" "$IFB" "$1" -s "$2" -n "$3" -p "$PORT" 10.99.0.1 2>&1 | row_field "$2" "$3" "$4"
+    wait "$srv"
+}
+run_tbrdma() { # pingpong|bw size iters field
+    PORT=$((PORT + 1))
+    ip netns exec "$A" timeout 300 "$TBRDMA" "$1" --op write --size "$2" --iters "$3" \
+        --port "$PORT" --engine sockets --progress thread >/dev/null 2>&1 &
+    local srv=$!
+    wait_port "$PORT" "$A"
+    ip netns exec "$B" timeout 300 "$TBRDMA" "$1" 10.99.0.1 --op write --size "$2" --iters "$3" \
+        --port "$PORT" --engine sockets --progress thread 2>&1 | row_field "$2" "$3" "$4"
+    wait "$srv"
+}
+
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+declare -A ratios
+for round in $(seq "$ROUNDS"); do
+    for size in 2 64 4096 65536; do
+        a=$(run_perftest ib_write_lat "$size" "$LAT_ITERS" 4)
+        b=$(run_tbrdma pingpong "$size" "$LAT_ITERS" 4)
+        echo "round $round lat  $size B: ib_write_lat t_typical $a us, tbrdma pingpong $b us"
+        ratios[lat$size]+="$(awk -v a="$a" -v b="$b" 'BEGIN{printf "%.3f ", a/b}')"
+    done
+    for size in 4096 65536 1048576; do
+        a=$(run_perftest ib_write_bw "$size" "$BW_ITERS" 3)
+        b=$(run_tbrdma bw "$size" "$BW_ITERS" 3)
+        echo "round $round bw   $size B: ib_write_bw avg $a MB/s, tbrdma bw $b"
+        ratios[bw$size]+="$(awk -v a="$a" -v b="$b" 'BEGIN{printf "%.3f ", a/b}')"
+    done
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
+for k in lat2 lat64 lat4096 lat65536 bw4096 bw65536 bw1048576; do
+    echo "median ratio $k (library / tbrdma tool): $(echo "${ratios[$k]}" | median)   [${ratios[$k]}]"
+done
