@@ -144,7 +144,8 @@ impl Rank {
     }
 
     fn irecv(&mut self, slot: usize) -> anyhow::Result<Ptr> {
-        let mut req: *mut c_void = 1 as *mut c_void; // NCCL may preset the 0x1 hint
+        // NCCL may preset the 0x1 hint.
+        let mut req: *mut c_void = std::ptr::without_provenance_mut(1);
         let base = slot * BW_SIZE;
         let mut data = [self.rbuf[base..].as_mut_ptr().cast::<c_void>()];
         let mut sizes = [BW_SIZE];
