@@ -13,7 +13,7 @@
 //!   exported `ncclNetPlugin_v10` table as NCCL's proxy thread does: both ranks listen and
 //!   connect, every buffer registered with `regMr`, `irecv` posted ahead with the full slot
 //!   size, only the oldest request `test`ed, every `isend` retried while NULL. It measures the
-//!   8 B round trip (rank 0 sends, rank 1 answers) and a stream of 4 MiB messages with 4 in
+//!   8 B round trip (rank 0 sends, rank 1 answers) and a stream of 4 MiB messages with 8 in
 //!   flight (rank 1 answers the last one with 8 B, so the time covers delivery), with the
 //!   plugin's default settings and then each `--variant` (environment assignments, such as
 //!   `thread=TBRDMA_PROGRESS=thread`).
@@ -47,8 +47,8 @@ const LAT_ITERS: usize = 5000;
 /// 4 MiB messages per bandwidth run.
 const BW_MESSAGES: usize = 150;
 const BW_SIZE: usize = 4 << 20;
-/// Messages in flight in the bandwidth run (NCCL keeps up to 8 steps of a channel in flight).
-const BW_DEPTH: usize = 4;
+/// Messages in flight in the bandwidth run (NCCL keeps up to 8 steps of a channel in flight, NCCL_STEPS).
+const BW_DEPTH: usize = 8;
 
 struct Options {
     rounds: usize,
@@ -144,7 +144,8 @@ impl Rank {
     }
 
     fn irecv(&mut self, slot: usize) -> anyhow::Result<Ptr> {
-        let mut req: *mut c_void = std::ptr::without_provenance_mut(1); // NCCL may preset the 0x1 hint
+        // NCCL may preset the 0x1 hint.
+        let mut req: *mut c_void = std::ptr::without_provenance_mut(1);
         let base = slot * BW_SIZE;
         let mut data = [self.rbuf[base..].as_mut_ptr().cast::<c_void>()];
         let mut sizes = [BW_SIZE];

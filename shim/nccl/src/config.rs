@@ -9,7 +9,8 @@ use crate::error::NetError;
 
 /// Links to use: comma-separated interface names or local IPv4 addresses.
 pub const ENV_IFACES: &str = "TBRDMA_IFACES";
-/// Engine backend: `uring` (default, falls back to sockets) or `sockets`.
+/// Engine backend: `sockets` or `uring` (falls back to sockets); default: the fastest for the
+/// progress mode ([`default_engine`]).
 pub const ENV_ENGINE: &str = "TBRDMA_ENGINE";
 /// Progress mode: `caller` (default: NCCL's calls run the engine, the keeper when NCCL stops
 /// calling) or `thread` (an engine thread per link).
@@ -28,6 +29,19 @@ pub const DEFAULT_PROGRESS: Progress = Progress::Caller;
 /// Silence after which a connection with nothing outstanding counts its peer as dead, in
 /// milliseconds (keep-alives go every sixth of it). Default 3000.
 pub const ENV_IDLE_TIMEOUT: &str = "TBRDMA_IDLE_TIMEOUT_MS";
+
+/// The engine backend when `TBRDMA_ENGINE` is unset: the fastest one measured for the progress
+/// mode (`benches/src/bin/pluginbench.rs`, docs/nccl.md "Performance"). With caller progress
+/// the io_uring ring cannot be single-issuer (NCCL's thread and the keeper both drive it) and
+/// each receive completion interrupts the polling CPU: sockets had the lower round trip
+/// (1.13x the verbs ping-pong against 1.65x) and the higher bandwidth. With an engine thread,
+/// the only user of its ring, io_uring was faster on both.
+pub fn default_engine(progress: Progress) -> EngineKind {
+    match progress {
+        Progress::Caller => EngineKind::Sockets,
+        Progress::Thread => EngineKind::Uring,
+    }
+}
 
 /// Interface-name prefixes picked when `TBRDMA_IFACES` is unset.
 pub const DEFAULT_PREFIXES: [&str; 2] = ["thunderbolt", "usb4"];
@@ -67,16 +81,6 @@ impl PluginConfig {
                     .collect()
             })
             .unwrap_or_default();
-        let engine = match get(ENV_ENGINE).as_deref().map(str::trim) {
-            // Sockets by default: io_uring measured slower in thread progress too (docs/verbs.md).
-            None | Some("") | Some("sockets") => EngineKind::Sockets,
-            Some("uring") => EngineKind::Uring,
-            Some(other) => {
-                return Err(NetError::Config {
-                    detail: format!("{ENV_ENGINE}={other:?}: use \"uring\" or \"sockets\""),
-                });
-            }
-        };
         let progress = match get(ENV_PROGRESS) {
             None => DEFAULT_PROGRESS,
             Some(v) => v
@@ -85,6 +89,16 @@ impl PluginConfig {
                 .map_err(|detail| NetError::Config {
                     detail: format!("{ENV_PROGRESS}: {detail}"),
                 })?,
+        };
+        let engine = match get(ENV_ENGINE).as_deref().map(str::trim) {
+            None | Some("") => default_engine(progress),
+            Some("uring") => EngineKind::Uring,
+            Some("sockets") => EngineKind::Sockets,
+            Some(other) => {
+                return Err(NetError::Config {
+                    detail: format!("{ENV_ENGINE}={other:?}: use \"uring\" or \"sockets\""),
+                });
+            }
         };
         let speed_mbps = get(ENV_SPEED)
             .map(|v| parse::<i32>(ENV_SPEED, &v))
@@ -140,6 +154,8 @@ mod tests {
         assert_eq!(c.engine.progress, Progress::Caller);
         assert!(c.engine.keeper_takeover);
         assert_eq!(c.engine.engine, EngineKind::Sockets);
+        let t = PluginConfig::from_env(env(&[(ENV_PROGRESS, "thread")])).unwrap();
+        assert_eq!(t.engine.engine, EngineKind::Uring);
         assert_eq!(c.speed_mbps, None);
     }
 

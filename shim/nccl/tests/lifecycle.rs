@@ -27,6 +27,9 @@ const IDLE_MS: u64 = 200;
 /// Longest any wait below may take before the scenario counts as hung.
 const HANG: Duration = Duration::from_secs(60);
 const BUF: usize = 1 << 20;
+/// Idle periods: twenty idle timeouts, and longer than the transport's default idle timeout
+/// (3 s), which a plugin without `TBRDMA_IDLE_TIMEOUT_MS` would use.
+const IDLE_PERIOD: Duration = Duration::from_millis(IDLE_MS * 20);
 
 type Handle = [u8; NCCL_NET_HANDLE_MAXSIZE];
 
@@ -315,6 +318,7 @@ fn role() {
     match role.as_str() {
         "idle" => role_idle(),
         "peer" => role_peer(),
+        "idle-peer" => role_idle_peer(),
         "sender-closes" => role_sender_closes(),
         "receiver" => role_receiver(),
         "sender-dies" => role_sender_dies(),
@@ -354,9 +358,7 @@ fn role_idle() {
         }
     };
     exchange(&mut tx, &mut rx, 0);
-    // Twenty idle timeouts, and longer than the transport's default one (3 s), which a
-    // plugin without the setting would use.
-    let idle = Duration::from_millis(IDLE_MS * 20);
+    let idle = IDLE_PERIOD;
     let cpu = cpu_time();
     std::thread::sleep(idle);
     let used = cpu_time() - cpu;
@@ -381,6 +383,29 @@ fn role_peer() {
     wait(s).expect("pong");
     println!("READY");
     std::thread::sleep(HANG);
+}
+
+/// As `peer`, then idle (no plugin call) for [`IDLE_PERIOD`], then answers one more message.
+fn role_idle_peer() {
+    init();
+    let (h, l) = listen();
+    println!("HANDLE {}", hex(&h));
+    let mut theirs = unhex(&stdin_line());
+    let s = connect(&mut theirs);
+    let r = accept(l);
+    let (mut tx, mut rx) = (End::new(s), End::new(r));
+    let req = rx.irecv(0, BUF).expect("irecv");
+    wait(req).expect("ping");
+    let s = tx.isend(0, 8);
+    wait(s).expect("pong");
+    println!("READY");
+    std::thread::sleep(IDLE_PERIOD);
+    let req = rx.irecv(0, BUF).expect("irecv after the idle period");
+    assert_eq!(wait(req), Ok(8), "the ping after the idle period");
+    let s = tx.isend(0, 8);
+    wait(s).expect("pong after the idle period");
+    println!("DONE");
+    let _ = stdin_line();
 }
 
 /// Connects to the parent's listener, sends 40 small messages (each complete at once), closes
@@ -521,6 +546,34 @@ fn an_idle_connection_survives_with_caller_progress() {
 #[test]
 fn an_idle_connection_survives_with_thread_progress() {
     idle_in(Some("thread"));
+}
+
+/// Two processes, each with its own engine, both idle (no plugin call) for twenty idle
+/// timeouts: the connection works afterwards in both directions.
+#[test]
+fn an_idle_connection_between_two_processes_survives() {
+    init_parent();
+    let (h, l) = listen();
+    let mut child = spawn("idle-peer", &[]);
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut theirs = unhex(&expect_line(&mut lines, "HANDLE"));
+    writeln!(child.stdin.as_mut().expect("stdin"), "{}", hex(&h)).expect("send handle");
+    let s = connect(&mut theirs);
+    let r = accept(l);
+    let (mut tx, mut rx) = (End::new(s), End::new(r));
+    for round in 0..2 {
+        let pong = rx.irecv(0, BUF).expect("irecv");
+        let ping = tx.isend(0, 8);
+        wait(ping).unwrap_or_else(|c| panic!("round {round}: ping failed with {c}"));
+        assert_eq!(wait(pong), Ok(8), "round {round}: pong");
+        if round == 0 {
+            expect_line(&mut lines, "READY");
+            std::thread::sleep(IDLE_PERIOD);
+        }
+    }
+    expect_line(&mut lines, "DONE");
+    writeln!(child.stdin.as_mut().expect("stdin"), "bye").expect("release the peer");
+    finish(child);
 }
 
 /// A peer killed while NCCL is idle: the receive posted for it fails (not hangs), and the
