@@ -1,11 +1,14 @@
 //! `tbrdma demo`: as root, two namespaces joined by two virtual cables running the
-//! perftest-style tools between them (`demo_lab.rs`); with `--sim` (or without root), two
+//! perftest-style tools between them (`demo_lab.rs`), then perftest itself over the
+//! libibverbs-compatible library when it is installed (`demo_verbs.rs`); with `--sim` (or without root), two
 //! endpoints of the protocol core through the simulated lossy link, reporting every completion,
 //! what the link did to the traffic, how the protocol recovered, and whether memory ended up
 //! right.
 
 #[path = "demo_lab.rs"]
 mod lab;
+#[path = "demo_verbs.rs"]
+mod verbs;
 
 use std::time::Duration;
 

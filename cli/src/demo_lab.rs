@@ -137,7 +137,8 @@ pub fn run() -> anyhow::Result<()> {
         client,
     )?;
     run_allreduce(&name)?;
-    println!("\nevery run above verified its results end to end");
+    super::verbs::run(&name, &hostfile)?;
+    println!("\nevery tbrdma run above verified its results end to end");
     Ok(())
 }
 
