@@ -181,6 +181,13 @@ impl Setup {
     }
 }
 
+impl Drop for Setup {
+    fn drop(&mut self) {
+        // Runs before the serial guard is released: the next test makes its own.
+        let _ = std::fs::remove_dir_all(&self.lib);
+    }
+}
+
 fn text(out: &Output) -> String {
     format!(
         "{}{}",
