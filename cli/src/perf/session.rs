@@ -397,6 +397,7 @@ impl Session {
             },
             private_data: serde_json::to_vec(&setup.announce).expect("plain data serializes"),
             timeout,
+            ..QpOptions::default()
         };
         let mut links = Vec::with_capacity(setup.qps);
         let mut peer: Option<Announce> = None;
