@@ -1,6 +1,7 @@
 //! Rendezvous, as PyTorch does it: every rank knows only a rank-0 address, its rank and the
-//! world size (`TBRDMA_ADDR`, `TBRDMA_RANK`, `TBRDMA_WORLD_SIZE`). Rank 0 listens there (on
-//! that address only, not every interface); every other rank connects and sends its host name
+//! world size (`TBRDMA_ADDR`, `TBRDMA_RANK`, `TBRDMA_WORLD_SIZE`). Rank 0 listens there and on
+//! its cables' addresses (a rank cabled to it may name that one), not on every interface; every
+//! other rank connects and sends its host name
 //! and its cable addresses (IPv4 interfaces with a prefix of /30 or longer: what
 //! `tbrdma setup` gives each cable). Rank 0 pairs addresses that share a subnet into cables,
 //! builds the same hostfile `tbrdma hostfile` would, and sends it back; then every rank builds
@@ -323,19 +324,32 @@ fn serve(
     auth: &Auth,
 ) -> Result<Hostfile> {
     let world = me.world;
-    // TBRDMA_ADDR is rank 0's own address: listening there alone keeps the rendezvous off
-    // every other interface.
-    let listener = TcpListener::bind(addr).map_err(|e| {
-        let what = if e.kind() == std::io::ErrorKind::AddrNotAvailable {
-            "listening (rank 0 listens on TBRDMA_ADDR, which must be an address of rank 0's host)"
-        } else {
-            "listening"
-        };
-        io_error(addr, what, e)
-    })?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| io_error(addr, "listening", e))?;
+    // TBRDMA_ADDR is rank 0's own address; ranks cabled to rank 0 may reach it on their own
+    // cable's address instead (a mesh has no address every rank can route to). Rank 0 listens
+    // on those and nowhere else, never on every interface.
+    let listen = |at: SocketAddr| -> Result<TcpListener> {
+        let listener = TcpListener::bind(at).map_err(|e| {
+            let what = if e.kind() == std::io::ErrorKind::AddrNotAvailable {
+                "listening (rank 0 listens on TBRDMA_ADDR, which must be an address of rank 0's host)"
+            } else {
+                "listening"
+            };
+            io_error(at, what, e)
+        })?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io_error(at, "listening", e))?;
+        Ok(listener)
+    };
+    let mut listeners = vec![listen(addr)?];
+    if !addr.ip().is_unspecified() {
+        for cable in &me.addrs {
+            let at = SocketAddr::new(cable.address.into(), addr.port());
+            if at != addr {
+                listeners.push(listen(at)?);
+            }
+        }
+    }
     let (arrived, arrivals) = mpsc::channel::<std::result::Result<Arrival, String>>();
     // Each client has a thread until the deadline at most; beyond this many at once, newcomers
     // are closed (the real ranks, world - 1 of them, fit many times over).
@@ -346,36 +360,39 @@ fn serve(
     let mut refused: Vec<String> = Vec::new();
     all[0] = Some(me);
     while streams.len() < world - 1 {
-        loop {
-            match listener.accept() {
-                Ok((stream, from)) => {
-                    use std::sync::atomic::Ordering;
-                    if pending.fetch_add(1, Ordering::SeqCst) >= max_pending {
-                        pending.fetch_sub(1, Ordering::SeqCst);
-                        remember(&mut refused, format!("{from}: too many clients at once"));
-                        continue;
+        for listener in &listeners {
+            loop {
+                match listener.accept() {
+                    Ok((stream, from)) => {
+                        use std::sync::atomic::Ordering;
+                        if pending.fetch_add(1, Ordering::SeqCst) >= max_pending {
+                            pending.fetch_sub(1, Ordering::SeqCst);
+                            remember(&mut refused, format!("{from}: too many clients at once"));
+                            continue;
+                        }
+                        let (arrived, held, auth) =
+                            (arrived.clone(), pending.clone(), auth.clone());
+                        let spawned = std::thread::Builder::new()
+                            .name("tbrdma-rendezvous".into())
+                            .spawn(move || {
+                                let got = read_client(&stream, &auth, deadline)
+                                    .map(|announce| Arrival {
+                                        stream,
+                                        from,
+                                        announce,
+                                    })
+                                    .map_err(|e| format!("{from}: {e}"));
+                                held.fetch_sub(1, Ordering::SeqCst);
+                                let _ = arrived.send(got);
+                            });
+                        if spawned.is_err() {
+                            pending.fetch_sub(1, Ordering::SeqCst);
+                        }
                     }
-                    let (arrived, held, auth) = (arrived.clone(), pending.clone(), auth.clone());
-                    let spawned = std::thread::Builder::new()
-                        .name("tbrdma-rendezvous".into())
-                        .spawn(move || {
-                            let got = read_client(&stream, &auth, deadline)
-                                .map(|announce| Arrival {
-                                    stream,
-                                    from,
-                                    announce,
-                                })
-                                .map_err(|e| format!("{from}: {e}"));
-                            held.fetch_sub(1, Ordering::SeqCst);
-                            let _ = arrived.send(got);
-                        });
-                    if spawned.is_err() {
-                        pending.fetch_sub(1, Ordering::SeqCst);
-                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => {}
+                    Err(e) => return Err(io_error(addr, "accepting", e)),
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => {}
-                Err(e) => return Err(io_error(addr, "accepting", e)),
             }
         }
         let slice = deadline
@@ -657,6 +674,8 @@ mod tests {
         assert!(h1.ranks[1].host != "impostor");
     }
 
+    /// Before, rank 0 listened on `0.0.0.0`: every interface of its host. Now on TBRDMA_ADDR
+    /// and its cables' addresses only (loopback is never a cable).
     #[test]
     fn rank_0_listens_on_its_address_only() {
         let (r0, r1) = rendezvous_with(
