@@ -5,11 +5,14 @@
 #   cargo build --release -p tbrdma-ibverbs -p tbrdma-cli
 #   sudo scripts/ibverbs-bench.sh [ROUNDS] [LAT_ITERS] [BW_ITERS]
 #
-# Per size and round: ib_write_lat / ib_write_bw (Debian's perftest, unmodified, over
-# target/release/libibverbs.so) against `tbrdma pingpong --op write` / `tbrdma bw --op write`
-# with the same engine (sockets) and the same progress (an engine thread per process, which the
-# library always uses). Rounds interleave the systems so that the machine's drift hits both.
-# Prints one line per measurement and, per size, the median ratio over the rounds.
+# Per size and round: ib_write_lat, ib_send_lat and ib_write_bw (Debian's perftest,
+# unmodified, over target/release/libibverbs.so) against `tbrdma pingpong` / `tbrdma bw` with
+# the same operation and engine (sockets), in both of tbrdma's progress modes: its default
+# (caller: the measuring thread runs the engine) and `--progress thread` (an engine thread per
+# process, as the library always has). Rounds interleave the systems so that the machine's
+# drift hits all of them. Prints one line per measurement and, per size, the median over the
+# rounds of the ratio library / tbrdma tool, for each mode. The library's environment
+# (TBRDMA_IBV_ASSIST, TBRDMA_IBV_SPIN_US; docs/ibverbs.md) is passed through.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
@@ -56,35 +59,42 @@ run_perftest() { # tool size iters field
     verbs "$B" "$IFB" "$1" -s "$2" -n "$3" -p "$PORT" 10.99.0.1 2>&1 | row_field "$2" "$3" "$4"
     wait "$srv"
 }
-run_tbrdma() { # pingpong|bw size iters field
+run_tbrdma() { # pingpong|bw op size iters field progress
     PORT=$((PORT + 1))
-    ip netns exec "$A" timeout 300 "$TBRDMA" "$1" --op write --size "$2" --iters "$3" \
-        --port "$PORT" --engine sockets --progress thread >/dev/null 2>&1 &
+    ip netns exec "$A" timeout 300 "$TBRDMA" "$1" --op "$2" --size "$3" --iters "$4" \
+        --port "$PORT" --engine sockets --progress "$6" >/dev/null 2>&1 &
     local srv=$!
     wait_port "$PORT" "$A"
-    ip netns exec "$B" timeout 300 "$TBRDMA" "$1" 10.99.0.1 --op write --size "$2" --iters "$3" \
-        --port "$PORT" --engine sockets --progress thread 2>&1 | row_field "$2" "$3" "$4"
+    ip netns exec "$B" timeout 300 "$TBRDMA" "$1" 10.99.0.1 --op "$2" --size "$3" --iters "$4" \
+        --port "$PORT" --engine sockets --progress "$6" 2>&1 | row_field "$3" "$4" "$5"
     wait "$srv"
 }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a > 0 && b > 0) printf "%.3f ", a/b }'; }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A ratios
 for round in $(seq "$ROUNDS"); do
-    for size in 2 64 4096 65536; do
-        a=$(run_perftest ib_write_lat "$size" "$LAT_ITERS" 4)
-        b=$(run_tbrdma pingpong "$size" "$LAT_ITERS" 4)
-        echo "round $round lat  $size B: ib_write_lat t_typical $a us, tbrdma pingpong $b us"
-        ratios[lat$size]+="$(awk -v a="$a" -v b="$b" 'BEGIN{printf "%.3f ", a/b}')"
+    for op in write send; do
+        for size in 2 64 4096 65536; do
+            a=$(run_perftest "ib_${op}_lat" "$size" "$LAT_ITERS" 4)
+            c=$(run_tbrdma pingpong "$op" "$size" "$LAT_ITERS" 4 caller)
+            t=$(run_tbrdma pingpong "$op" "$size" "$LAT_ITERS" 4 thread)
+            echo "round $round lat $op $size B: ib_${op}_lat t_typical $a us, tbrdma pingpong $c us (caller), $t us (thread)"
+            ratios[lat-$op-$size-caller]+=$(ratio "$a" "$c")
+            ratios[lat-$op-$size-thread]+=$(ratio "$a" "$t")
+        done
     done
     for size in 4096 65536 1048576; do
         a=$(run_perftest ib_write_bw "$size" "$BW_ITERS" 3)
-        b=$(run_tbrdma bw "$size" "$BW_ITERS" 3)
-        echo "round $round bw   $size B: ib_write_bw avg $a MB/s, tbrdma bw $b"
-        ratios[bw$size]+="$(awk -v a="$a" -v b="$b" 'BEGIN{printf "%.3f ", a/b}')"
+        c=$(run_tbrdma bw write "$size" "$BW_ITERS" 3 caller)
+        t=$(run_tbrdma bw write "$size" "$BW_ITERS" 3 thread)
+        echo "round $round bw write $size B: ib_write_bw avg $a MB/s, tbrdma bw $c MiB/s (caller), $t MiB/s (thread)"
+        ratios[bw-write-$size-caller]+=$(ratio "$a" "$c")
+        ratios[bw-write-$size-thread]+=$(ratio "$a" "$t")
     done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
-for k in lat2 lat64 lat4096 lat65536 bw4096 bw65536 bw1048576; do
+for k in $(printf '%s\n' "${!ratios[@]}" | sort -t- -k1,1 -k2,2 -k3,3n -k4,4); do
     echo "median ratio $k (library / tbrdma tool): $(echo "${ratios[$k]}" | median)   [${ratios[$k]}]"
 done

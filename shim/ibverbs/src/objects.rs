@@ -62,11 +62,30 @@ static OPEN_LINKS: Mutex<Vec<(String, Weak<OpenLink>)>> = Mutex::new(Vec::new())
 /// Queue pair indices are unique in the process (across links), never reused.
 static NEXT_QP_INDEX: AtomicU16 = AtomicU16::new(1);
 
+/// Fewer CPUs than this and the engine thread does not busy-poll by default (see
+/// [`engine_config`]).
+const SPIN_MIN_CPUS: usize = 4;
+
 fn engine_config() -> EngineConfig {
+    // Thread progress so that one-sided operations land while the target polls its memory;
+    // assisted, so that a program that keeps calling (posting, polling its CQ) sends and
+    // receives from its own thread and waits for no engine thread to be scheduled.
     let mut config = EngineConfig {
         progress: Progress::Thread,
+        assist: std::env::var("TBRDMA_IBV_ASSIST").map_or(true, |v| v != "0"),
         ..Default::default()
     };
+    // A verbs program busy-polls (its CQ or, like `ib_write_lat`, its memory), so each process
+    // is one spinning thread already; a spinning engine thread makes two. Where the CPUs are
+    // fewer than the spinners of two such processes (a 2-core host running both ends, as the
+    // tests do), spinning turns every round trip into a wait for a time slice: ib_write_lat,
+    // 8 B, over veth on 2 cores, 230-600 µs typical with the 200 µs spin, 32-45 µs with none
+    // (docs/performance.md). With none the engine thread sleeps in the kernel until a datagram
+    // or a post wakes it.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < SPIN_MIN_CPUS {
+        config.spin = Duration::ZERO;
+    }
     if let Some(us) = std::env::var("TBRDMA_IBV_SPIN_US")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
@@ -77,6 +96,7 @@ fn engine_config() -> EngineConfig {
         config.engine = match kind.as_str() {
             "sockets" => tbrdma_verbs::EngineKind::Sockets,
             "packet" => tbrdma_verbs::EngineKind::Packet,
+            "uring" => tbrdma_verbs::EngineKind::Uring,
             _ => config.engine,
         };
     }

@@ -69,6 +69,15 @@ pub struct EngineConfig {
     /// after [`Config::idle_timeout`]. NCCL's proxy thread stops calling between collectives,
     /// so the NCCL plugin turns it on (docs/nccl.md, "Progress"); see `keeper.rs`.
     pub keeper_takeover: bool,
+    /// Thread mode, sockets engine: the application's threads run the loop too. A post sends
+    /// at once and a poll of an empty completion queue receives, through a second sockets
+    /// backend over the same sockets, so an application that keeps calling waits for no
+    /// thread to be scheduled; the engine thread (which should then not spin, see
+    /// [`Self::spin`]) wakes only for what arrives while nobody calls, such as one-sided
+    /// operations aimed at an application polling its memory. A post does not wake the engine
+    /// thread, so its sleeps are kept under [`ASSISTED_MAX_SLEEP`]: a deadline a post set is
+    /// late by at most that. Other engines ignore it. The libibverbs library turns it on.
+    pub assist: bool,
     /// Data packets whose payload is at least this many bytes are sent as gathered datagrams:
     /// the header from the engine's buffer and the payload straight from the registered region
     /// (two iovecs), saving a user-space copy of every payload byte; smaller payloads are
@@ -79,6 +88,11 @@ pub struct EngineConfig {
     /// variable, and a healthy link when it is unset.
     pub faults: Option<FaultPlan>,
 }
+
+/// Longest sleep of an engine thread whose application threads assist it
+/// ([`EngineConfig::assist`]): the retransmission timer a post arms (1 ms at first) fires at
+/// most this late when the application stops calling.
+pub const ASSISTED_MAX_SLEEP: Duration = Duration::from_millis(1);
 
 /// Default of [`EngineConfig::gather_threshold`]: payloads from 1 KiB up are sent from the
 /// region in place.
@@ -107,6 +121,7 @@ impl Default for EngineConfig {
             gather_threshold: DEFAULT_GATHER_THRESHOLD,
             keeper_period: KEEPER_HOLD,
             keeper_takeover: false,
+            assist: false,
             faults: None,
         }
     }

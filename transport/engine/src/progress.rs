@@ -2,7 +2,10 @@
 //! - [`Progress::Thread`]: a background thread owns the socket's backend and runs the loop, so
 //!   one-sided operations complete with no call from the target application. It busy-polls for
 //!   [`EngineConfig::spin`] after the last activity, then sleeps in the kernel until a datagram,
-//!   a deadline or a post from another thread wakes it.
+//!   a deadline or a post from another thread wakes it. With [`EngineConfig::assist`] the
+//!   application's threads run the loop too, on their own backends over the same sockets
+//!   (`Shared::io`): posts send at once, polls receive, and the engine thread covers only
+//!   what arrives while nobody calls.
 //! - [`Progress::Caller`]: no thread; whoever polls a completion queue (or calls
 //!   [`Engine::progress`]) runs the loop, and posting a request sends it at once. This is what
 //!   NCCL's proxy thread and 2-core machines want: one spinning thread per process. The keeper
@@ -27,7 +30,7 @@ use std::time::{Duration, Instant};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use tbrdma_proto::Time;
 
-use crate::config::{EngineConfig, Progress};
+use crate::config::{ASSISTED_MAX_SLEEP, EngineConfig, Progress};
 use crate::failure::Failure;
 use crate::io::faults::{FaultPlan, FaultyIo};
 use crate::io::{DatagramIo, EngineKind, open as open_io};
@@ -38,7 +41,9 @@ use crate::state::State;
 #[derive(Debug)]
 pub(crate) struct Shared {
     state: Mutex<State>,
-    /// The backend, in caller mode (in thread mode the engine thread owns it).
+    /// The backends the application's threads use: in caller mode the only ones; in thread
+    /// mode with [`EngineConfig::assist`] a second set over the same sockets (the engine
+    /// thread owns the first); otherwise none.
     io: Mutex<Option<Vec<Box<dyn DatagramIo>>>>,
     wake: EventFd,
     sleeping: AtomicBool,
@@ -56,6 +61,8 @@ pub(crate) struct Shared {
     keeper_waiting: AtomicBool,
     /// Longest single wait of the keeper while it runs the loop.
     max_sleep: Duration,
+    /// Thread mode: the application's threads run the loop too ([`EngineConfig::assist`]).
+    assisted: AtomicBool,
 }
 
 impl Shared {
@@ -77,6 +84,7 @@ impl Shared {
             failure: Failure::default(),
             keeper_waiting: AtomicBool::new(false),
             max_sleep: config.max_sleep,
+            assisted: AtomicBool::new(false),
         })
     }
 
@@ -141,6 +149,20 @@ impl Shared {
                 })
             }
             Progress::Thread => {
+                // Assisted: send from this thread unless another is using its backends (then
+                // that one, or the engine thread, sends it; see `EngineConfig::assist` for the
+                // deadlines this leaves to the engine thread's bounded sleep).
+                if let Ok(mut io) = self.io.try_lock() {
+                    if let Some(rails) = io.as_mut() {
+                        let mut state = self.lock();
+                        let now = self.now();
+                        return self.failure.contain(&mut state, |state| {
+                            let result = f(state, now);
+                            state.flush(rails, now)?;
+                            Ok(result)
+                        });
+                    }
+                }
                 let result = {
                     let mut state = self.lock();
                     let now = self.now();
@@ -173,10 +195,11 @@ impl Shared {
 
     /// Caller mode: runs the loop once (receive, deadlines, transmit), first ending the
     /// acknowledgement holds (this is the "next call" they were waiting for). Thread mode:
+    /// runs it once if the application's threads assist ([`EngineConfig::assist`]), else
     /// nothing (the engine thread does it). Returns whether anything happened.
     pub(crate) fn progress(&self) -> io::Result<bool> {
         if self.progress == Progress::Thread {
-            return Ok(false);
+            return self.with_rails(|state, rails, now| state.run_once(rails, now));
         }
         self.enter();
         self.with_rails(|state, rails, now| {
@@ -301,8 +324,9 @@ impl Shared {
         Ok(held || !ran)
     }
 
-    /// Caller mode: runs `f` on the state and the backends unless another thread is using the
-    /// backends right now (it is doing the same work: skip, returning false).
+    /// Caller mode, or thread mode when assisted: runs `f` on the state and the application's
+    /// backends unless another thread is using them right now (it is doing the same work:
+    /// skip, returning false); without backends (thread mode, not assisted), returns false.
     fn with_rails(
         &self,
         f: impl FnOnce(&mut State, &mut [Box<dyn DatagramIo>], Time) -> io::Result<bool>,
@@ -351,6 +375,19 @@ pub(crate) fn launch(
             Ok((kind, fallback, keeper))
         }
         Progress::Thread => {
+            if config.assist && config.engine == EngineKind::Sockets {
+                // The application's own backends, over duplicates of the same sockets: a
+                // datagram goes to whichever thread reads first, and both handle it under the
+                // state's lock.
+                let clones = sockets
+                    .iter()
+                    .map(UdpSocket::try_clone)
+                    .collect::<io::Result<Vec<_>>>()?;
+                let (rails, _, _) = open_rails(config, clones, false)?;
+                shared.lock_quiet().keep_sockets_open();
+                *shared.io.lock().unwrap_or_else(|e| e.into_inner()) = Some(rails);
+                shared.assisted.store(true, Ordering::SeqCst);
+            }
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let thread_shared = Arc::clone(shared);
             let thread_config = config.clone();
@@ -433,9 +470,16 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
         if !run_locked(&shared, &mut rails) {
             let deadline = shared.lock_quiet().next_deadline();
             let now = shared.now();
+            // Assisted, a post does not wake this thread: it sleeps no longer than the
+            // deadline a post may have set since it looked would tolerate.
+            let max_sleep = if shared.assisted.load(Ordering::Relaxed) {
+                config.max_sleep.min(ASSISTED_MAX_SLEEP)
+            } else {
+                config.max_sleep
+            };
             let timeout = deadline
-                .map_or(config.max_sleep, |d| d.saturating_since(now))
-                .min(config.max_sleep);
+                .map_or(max_sleep, |d| d.saturating_since(now))
+                .min(max_sleep);
             shared.lock_quiet().count_sleep();
             // With several rails the sleep watches rail 0 only, so it is kept short.
             let timeout = if rails.len() > 1 {

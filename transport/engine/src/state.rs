@@ -160,6 +160,10 @@ pub(crate) struct State {
     dirty: bool,
     /// Whom each rail's socket should be connected to, and whom it is.
     bindings: Vec<RailBinding>,
+    /// Never connect the rail sockets: two backends share each socket
+    /// ([`crate::worker::EngineConfig::assist`]) and each remembers on its own whether it is
+    /// connected, so one disconnecting would leave the other sending without an address.
+    sockets_stay_open: bool,
     /// Payloads of at least this many bytes are sent from their region in place
     /// ([`crate::worker::EngineConfig::gather_threshold`]; `usize::MAX`: never).
     gather_from: usize,
@@ -227,6 +231,7 @@ impl State {
                 };
                 rails
             ],
+            sockets_stay_open: false,
             gather_from,
             landing: None,
             landing_pd: 0,
@@ -469,8 +474,16 @@ impl State {
         }
     }
 
+    /// Leaves the rail sockets unconnected for good (see `sockets_stay_open`).
+    pub(crate) fn keep_sockets_open(&mut self) {
+        self.sockets_stay_open = true;
+    }
+
     /// Connects or disconnects rail sockets whose wanted association changed.
     fn apply_bindings(&mut self, rails: &mut [Box<dyn DatagramIo>]) {
+        if self.sockets_stay_open {
+            return;
+        }
         for (rail, binding) in self.bindings.iter_mut().enumerate() {
             let target = binding.target();
             if target == binding.applied {

@@ -26,7 +26,7 @@ use crate::memory::Buffer;
 use crate::progress::{Shared, launch};
 use crate::state::State;
 
-pub use crate::config::{DEFAULT_GATHER_THRESHOLD, EngineConfig, Progress};
+pub use crate::config::{ASSISTED_MAX_SLEEP, DEFAULT_GATHER_THRESHOLD, EngineConfig, Progress};
 pub use crate::keeper::{KEEPER_HOLD, TAKEOVER_AWAY};
 pub use crate::state::{EngineStats, NewConnection, PdId, PostFailed, SEND_HEADROOM, WriteZone};
 

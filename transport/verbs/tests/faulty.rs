@@ -1,6 +1,8 @@
 //! Every operation over a faulty cable made in user space (the engine's fault layer: loss,
 //! duplicates, corruption and reordering on both sides), on loopback, with no root and no
-//! nftables: each request completes successfully and every byte is where it belongs.
+//! nftables: each request completes successfully and every byte is where it belongs. Run with
+//! caller progress and with assisted thread progress (the libibverbs library's: application
+//! threads and a non-spinning engine thread share the sockets).
 
 use std::time::{Duration, Instant};
 
@@ -9,14 +11,24 @@ use tbrdma_verbs::*;
 
 const REGION: usize = 1 << 20;
 
-fn faulty(seed: u64) -> DeviceConfig {
+fn faulty(seed: u64, assisted: bool) -> DeviceConfig {
     let plan = FaultPlan::parse(&format!(
         "seed={seed},drop=3%,dup=2%,corrupt=2%,reorder=3%,reorder_by=300us"
     ))
     .unwrap();
     DeviceConfig {
         engine: EngineConfig {
-            progress: Progress::Caller,
+            progress: if assisted {
+                Progress::Thread
+            } else {
+                Progress::Caller
+            },
+            assist: assisted,
+            spin: if assisted {
+                Duration::ZERO
+            } else {
+                EngineConfig::default().spin
+            },
             engine: EngineKind::Sockets,
             faults: Some(plan),
             ..Default::default()
@@ -32,10 +44,10 @@ struct Side {
     mr: MemoryRegion,
 }
 
-fn pair() -> (Side, Side) {
+fn pair(assisted: bool) -> (Side, Side) {
     let access =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    let server_dev = Device::open("127.0.0.1", faulty(11)).unwrap();
+    let server_dev = Device::open("127.0.0.1", faulty(11, assisted)).unwrap();
     let server_pd = server_dev.alloc_pd();
     let server_mr = server_pd.alloc_mr(REGION, access).unwrap();
     let server_cq = server_dev.create_cq(256);
@@ -53,7 +65,7 @@ fn pair() -> (Side, Side) {
             .unwrap();
         (conn, server_cq)
     });
-    let client_dev = Device::open("127.0.0.1", faulty(22)).unwrap();
+    let client_dev = Device::open("127.0.0.1", faulty(22, assisted)).unwrap();
     let client_pd = client_dev.alloc_pd();
     let client_cq = client_dev.create_cq(256);
     let client_mr = client_pd.alloc_mr(REGION, access).unwrap();
@@ -134,7 +146,16 @@ fn bytes(mr: &MemoryRegion, at: usize, len: usize) -> Vec<u8> {
 
 #[test]
 fn every_operation_is_exact_over_a_faulty_cable() {
-    let (server, client) = pair();
+    every_operation_is_exact(false);
+}
+
+#[test]
+fn every_operation_is_exact_over_a_faulty_cable_with_assisted_thread_progress() {
+    every_operation_is_exact(true);
+}
+
+fn every_operation_is_exact(assisted: bool) {
+    let (server, client) = pair(assisted);
     let sizes = [1usize, 8, 4000, 16 << 10, 64 << 10, 300_000];
     for round in 0..3u64 {
         for (i, &len) in sizes.iter().enumerate() {
