@@ -18,6 +18,11 @@
 //!   plugin's default settings and then each `--variant` (environment assignments, such as
 //!   `thread=TBRDMA_PROGRESS=thread`).
 //!
+//! `--recv-slots N` (default 8, NCCL's: one slot per step in flight) sets how many distinct
+//! 4 MiB receive slots the stream cycles through; `--recv-slots 1` gives the receiver the
+//! working set of `tbrdma bw`, which writes every message into one 4 MiB target, so that the
+//! two differ only in the plugin (docs/performance.md).
+//!
 //! It prints each figure's median over the rounds and the ratios against the verbs baseline
 //! computed within each round, with the issue's verdicts for the default settings: round trip
 //! at most 1.3x, bandwidth at least 0.9x.
@@ -38,7 +43,7 @@ use tbrdma_benches::LabGuard;
 use tbrdma_netdev::hostfile::Hostfile;
 use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
 
-const USAGE: &str = "usage: pluginbench [--rounds N] [--iters N] [--variant NAME=VAR=VALUE[,VAR=VALUE]]... [--tbrdma PATH]
+const USAGE: &str = "usage: pluginbench [--rounds N] [--iters N] [--recv-slots N] [--variant NAME=VAR=VALUE[,VAR=VALUE]]... [--tbrdma PATH]
   Run as root. Builds a two-namespace lab and compares the NCCL plugin (default settings, then
   each variant) with `tbrdma pingpong --op send` and `tbrdma bw` in the same run.";
 
@@ -53,6 +58,7 @@ const BW_DEPTH: usize = 8;
 struct Options {
     rounds: usize,
     iters: usize,
+    recv_slots: usize,
     variants: Vec<(String, Vec<(String, String)>)>,
     tbrdma: std::path::PathBuf,
 }
@@ -61,6 +67,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let mut options = Options {
         rounds: 3,
         iters: LAT_ITERS,
+        recv_slots: BW_DEPTH,
         variants: Vec::new(),
         tbrdma: std::env::current_exe()?.with_file_name("tbrdma"),
     };
@@ -73,6 +80,12 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         match a.as_str() {
             "--rounds" => options.rounds = value()?.parse()?,
             "--iters" => options.iters = value()?.parse()?,
+            "--recv-slots" => {
+                options.recv_slots = value()?.parse()?;
+                if options.recv_slots == 0 {
+                    bail!("--recv-slots must be at least 1");
+                }
+            }
             "--tbrdma" => options.tbrdma = value()?.into(),
             "--variant" => {
                 let v = value()?;
@@ -116,9 +129,11 @@ struct Rank {
     recv: Ptr,
     smh: Ptr,
     rmh: Ptr,
-    /// Send buffer, then `BW_DEPTH` receive slots: one registration each, as NCCL's.
+    /// Send buffer, then `recv_slots` receive slots: one registration each, as NCCL's.
     sbuf: Vec<u8>,
     rbuf: Vec<u8>,
+    /// Distinct 4 MiB receive slots the stream cycles through.
+    recv_slots: usize,
 }
 
 impl Rank {
@@ -192,7 +207,7 @@ fn wait(req: Ptr) -> anyhow::Result<i32> {
 }
 
 /// Sets up both directions with the peer, NCCL's way, exchanging handles over `oob`.
-fn connect_rank(oob: &mut TcpStream) -> anyhow::Result<Rank> {
+fn connect_rank(oob: &mut TcpStream, recv_slots: usize) -> anyhow::Result<Rank> {
     // SAFETY: a NULL logger and profiler are allowed.
     check("init", unsafe { NET.init.expect("init")(None, None) })?;
     let mut mine = [0u8; 128];
@@ -236,7 +251,7 @@ fn connect_rank(oob: &mut TcpStream) -> anyhow::Result<Rank> {
         NET.close_listen.expect("closeListen")(listen)
     })?;
     let mut sbuf = vec![1u8; BW_SIZE];
-    let mut rbuf = vec![0u8; BW_SIZE * BW_DEPTH];
+    let mut rbuf = vec![0u8; BW_SIZE * recv_slots];
     let (mut smh, mut rmh) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: live comms; the buffers stay registered (and allocated, in the Rank) until
     // the process exits.
@@ -269,6 +284,7 @@ fn connect_rank(oob: &mut TcpStream) -> anyhow::Result<Rank> {
         rmh: rmh as Ptr,
         sbuf,
         rbuf,
+        recv_slots,
     })
 }
 
@@ -331,7 +347,8 @@ fn pong(rank: &mut Rank, iters: usize) -> anyhow::Result<()> {
     let mut received = 0;
     while received < BW_MESSAGES {
         while posted.len() < BW_DEPTH && next < BW_MESSAGES {
-            posted.push_back((rank.irecv(next % BW_DEPTH)?, next % BW_DEPTH));
+            let slot = next % rank.recv_slots;
+            posted.push_back((rank.irecv(slot)?, slot));
             next += 1;
         }
         let (req, _) = posted.pop_front().expect("posted");
@@ -347,7 +364,7 @@ fn pong(rank: &mut Rank, iters: usize) -> anyhow::Result<()> {
 }
 
 fn rank_main(args: &[String]) -> anyhow::Result<()> {
-    // --rank R --peer IP --port P --iters N
+    // --rank R --peer IP --port P --iters N --recv-slots N
     let get = |name: &str| {
         args.iter()
             .position(|a| a == name)
@@ -357,6 +374,7 @@ fn rank_main(args: &[String]) -> anyhow::Result<()> {
     let r: usize = get("--rank")?.parse()?;
     let port: u16 = get("--port")?.parse()?;
     let iters: usize = get("--iters")?.parse()?;
+    let recv_slots: usize = get("--recv-slots")?.parse()?;
     let mut oob = if r == 0 {
         let l = TcpListener::bind(("0.0.0.0", port))?;
         l.accept()?.0
@@ -373,7 +391,7 @@ fn rank_main(args: &[String]) -> anyhow::Result<()> {
             }
         }
     };
-    let mut rank = connect_rank(&mut oob)?;
+    let mut rank = connect_rank(&mut oob, recv_slots.max(1))?;
     // Both set up before either measures.
     oob.write_all(b"go")?;
     let mut go = [0u8; 2];
@@ -523,6 +541,8 @@ fn plugin_run(
             port.to_string(),
             "--iters".into(),
             options.iters.to_string(),
+            "--recv-slots".into(),
+            options.recv_slots.to_string(),
         ]
     };
     let env_of = |rank: usize| -> Vec<(String, String)> {
@@ -586,8 +606,8 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     println!(
         "# verbs: tbrdma pingpong --op send --size 8 -n {} (round trip = 2 x one-way) and \
          tbrdma bw --size 4194304 -n 300, CLI defaults; plugin: {} round trips of 8 B, {} \
-         messages of 4 MiB with {} in flight",
-        options.iters, options.iters, BW_MESSAGES, BW_DEPTH
+         messages of 4 MiB with {} in flight into {} distinct receive slots",
+        options.iters, options.iters, BW_MESSAGES, BW_DEPTH, options.recv_slots
     );
     let mut variants: Vec<(String, Vec<(String, String)>)> = vec![("default".into(), vec![])];
     variants.extend(options.variants.iter().cloned());
