@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Replays the committed corpus (corpus/<target>/) through every cargo-fuzz target of this crate
-# (side channels, authentication, hostfiles and discovery, the packet engine's frames); exits
-# non-zero if any input fails. Stable toolchain: `--sanitizer none`, as transport/proto/fuzz
+# (side channels, authentication, hostfiles and discovery, the packet engine's frames, the NCCL
+# plugin's control messages); exits non-zero if any input fails. Stable toolchain: `--sanitizer none`, as transport/proto/fuzz
 # does (the parsers fuzzed here are safe code; the packet frame parser is a safe function).
 # transport/proto/fuzz/replay.sh, which CI runs, calls this script after its own targets.
 #
@@ -19,7 +19,7 @@ if ! command -v cargo-fuzz >/dev/null; then
     cargo install cargo-fuzz --locked
 fi
 
-targets=(${FUZZ_TARGETS:-hostfile cm_frame auth rendezvous discovery packet_frame})
+targets=(${FUZZ_TARGETS:-hostfile cm_frame auth rendezvous discovery packet_frame nccl_control})
 flags=(--sanitizer none --release --debug-assertions)
 for target in "${targets[@]}"; do
     echo "== replaying fuzz/corpus/$target through fuzz target $target"

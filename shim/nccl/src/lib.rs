@@ -22,6 +22,8 @@ pub mod comm;
 pub mod config;
 pub mod error;
 mod ffi;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod log;
 pub mod net;
 

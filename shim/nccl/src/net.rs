@@ -310,7 +310,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Writes a listen handle: magic, version, the number of addresses, two zero bytes, the listen
 /// id, the listening addresses ([`SOCKET_ADDR_LEN`] bytes each), zeros after.
-fn encode_handle(id: u64, addrs: &[SocketAddr], out: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) {
+pub(crate) fn encode_handle(
+    id: u64,
+    addrs: &[SocketAddr],
+    out: &mut [u8; NCCL_NET_HANDLE_MAXSIZE],
+) {
     out.fill(0);
     let addrs = &addrs[..addrs.len().min(MAX_HANDLE_ADDRS)];
     let mut w = SliceWriter::new(out);
@@ -324,7 +328,7 @@ fn encode_handle(id: u64, addrs: &[SocketAddr], out: &mut [u8; NCCL_NET_HANDLE_M
     }
 }
 
-fn decode_handle(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Vec<SocketAddr>> {
+pub(crate) fn decode_handle(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Vec<SocketAddr>> {
     let mut r = Reader::new(h);
     if r.bytes(HANDLE_MAGIC.len()) != Some(HANDLE_MAGIC) || r.u8() != Some(HANDLE_VERSION) {
         return Err(NetError::misuse(
@@ -341,12 +345,12 @@ fn decode_handle(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Vec<SocketAddr>> {
 }
 
 /// The listen id a handle carries (after [`decode_handle`] accepted it).
-fn handle_listen_id(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> u64 {
+pub(crate) fn handle_listen_id(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> u64 {
     let mut r = Reader::new(&h[8..]);
     r.u64().unwrap_or(0)
 }
 
-fn stage_of(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Option<u64> {
+pub(crate) fn stage_of(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Option<u64> {
     let mut r = Reader::new(h.get(STAGE_AT..)?);
     let id = r.u64()?;
     (r.bytes(STAGE_MAGIC.len())? == STAGE_MAGIC).then_some(id)

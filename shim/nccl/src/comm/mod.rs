@@ -133,7 +133,7 @@ const _: () = {
 
 // Immediate data of the sender's messages: the message number's low 30 bits and a flag.
 const SEQ_BITS: u32 = 30;
-const SEQ_MASK: u32 = (1 << SEQ_BITS) - 1;
+pub(crate) const SEQ_MASK: u32 = (1 << SEQ_BITS) - 1;
 /// On a SEND: a request-to-send (no data).
 pub const RTS: u32 = 1 << 30;
 /// On a WRITE_WITH_IMM: the send was refused for being larger than the receive (no data).
@@ -198,10 +198,10 @@ fn seq_imm(seq: u64) -> u32 {
 
 /// The full message number whose low bits are `low`, nearest to `next` (the receiver's next
 /// `irecv` number; every message in flight is within far less than 2^29 of it).
-fn full_seq(next: u64, low: u32) -> Option<u64> {
+pub(crate) fn full_seq(next: u64, low: u32) -> Option<u64> {
     let ahead = low.wrapping_sub(next as u32) & SEQ_MASK;
     if ahead < 1 << (SEQ_BITS - 1) {
-        Some(next + u64::from(ahead))
+        next.checked_add(u64::from(ahead))
     } else {
         next.checked_sub(u64::from(SEQ_MASK - ahead + 1))
     }
@@ -310,7 +310,7 @@ impl Link {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Cts {
+pub(crate) struct Cts {
     addr: u64,
     rkey: u32,
     size: u64,
@@ -318,7 +318,7 @@ struct Cts {
 }
 
 impl Cts {
-    fn encode(&self) -> [u8; CTS_LEN] {
+    pub(crate) fn encode(&self) -> [u8; CTS_LEN] {
         let mut b = [0u8; CTS_LEN];
         let mut w = SliceWriter::new(&mut b);
         w.put_u64(self.addr);
@@ -330,7 +330,7 @@ impl Cts {
     }
 
     /// `None` only for fewer than [`CTS_LEN`] bytes.
-    fn decode(b: &[u8]) -> Option<Cts> {
+    pub(crate) fn decode(b: &[u8]) -> Option<Cts> {
         let mut r = Reader::new(b);
         let addr = r.u64()?;
         let rkey = r.u32()?;
