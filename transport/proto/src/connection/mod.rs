@@ -1009,6 +1009,18 @@ impl Connection {
             self.completions.push_back(entry.completion(status));
             position += 1;
         }
+        // A message half received holds the receive it consumed, which was ahead of every
+        // receive still queued: it completes first (it would otherwise never complete).
+        if let Some(wr_id) = self.rx.consumed_receive() {
+            self.completions.push_back(WorkCompletion {
+                wr_id,
+                queue: Queue::Recv,
+                status: WcStatus::Flushed,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+            });
+        }
         for wr in self.rq.drain(..) {
             self.completions.push_back(WorkCompletion {
                 wr_id: wr.wr_id,

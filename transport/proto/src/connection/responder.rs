@@ -385,6 +385,10 @@ impl Connection {
         let max_payload = self.max_payload;
         self.tx
             .push_response(OutKind::FatalNak { req_psn, code }, max_payload);
+        // A message in progress keeps the receive it consumed: it is flushed with the rest.
+        if let Some(wr_id) = self.rx.consumed_receive() {
+            self.push_recv_completion(wr_id, WcStatus::Flushed, WcOpcode::Recv, 0, None);
+        }
         self.rx.abandon_message();
         self.refused = Some(code);
         self.state = ConnectionState::Draining;

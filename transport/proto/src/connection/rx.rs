@@ -158,6 +158,20 @@ impl RxStream {
         ))
     }
 
+    /// The receive the message in progress consumed (a SEND's, or a WRITE_WITH_IMM's), if
+    /// any: it left the receive queue with the message's first packet, so whoever drops the
+    /// message must complete it (see `Connection::flush_all`).
+    pub fn consumed_receive(&self) -> Option<u64> {
+        match self.current.as_ref()?.target {
+            InTarget::Recv { wr_id, .. } => Some(wr_id),
+            InTarget::Write {
+                recv: Some((wr_id, _)),
+                ..
+            } => Some(wr_id),
+            InTarget::Write { recv: None, .. } | InTarget::ReadResponse { .. } => None,
+        }
+    }
+
     pub fn clear(&mut self) {
         self.current = None;
         self.received.clear();

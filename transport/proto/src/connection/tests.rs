@@ -1715,3 +1715,57 @@ fn a_read_response_resent_after_its_region_went_never_carries_other_bytes() {
         }
     }
 }
+
+/// A connection that fails, or is closed, while a SEND into one of its receives is half
+/// received completes that receive too (as flushed, before the receives still queued): the
+/// receive left the queue with the message's first packet, and used to be forgotten with the
+/// message (found by the soak: a posted receive with no completion after a peer was killed).
+#[test]
+fn a_receive_holding_a_half_received_message_is_flushed_when_the_connection_ends() {
+    use crate::wire::{Ext, decode};
+    for end in ["peer silent", "closed"] {
+        let mut p = pair();
+        let mp = u64::from(Config::default().max_payload());
+        let len = mp + 100; // Two packets.
+        let src = p.a.mem.alloc(2 * mp as usize, Access::LOCAL_WRITE);
+        let dst = p.b.mem.alloc(4 * mp as usize, RW);
+        for wr_id in [9, 10] {
+            p.b.post_recv(RecvWr {
+                wr_id,
+                local: sge(&dst, (wr_id - 9) * 2 * mp, 2 * mp),
+            })
+            .unwrap();
+        }
+        p.a.post_send(SendWr {
+            wr_id: 1,
+            local: sge(&src, 0, len),
+            op: SendOp::Send { imm: None },
+        })
+        .unwrap();
+        let now = p.now;
+        let datagrams = transmit_all(&mut p.a, now);
+        let first = datagrams
+            .iter()
+            .find(|d| matches!(decode(d).map(|p| p.ext), Ok(Ext::Send(_))))
+            .expect("the SEND's first packet");
+        // Only the first packet arrives; then the cable goes for good.
+        p.b.conn.handle_datagram(now, first, &mut p.b.mem);
+        assert!(p.b.take_completions().is_empty());
+        match end {
+            "peer silent" => {
+                let cut_at = p.now;
+                p.link_config_mut().outages.push((cut_at, None));
+                p.advance(2 * Config::default().idle_timeout, STEPS);
+                assert_eq!(p.b.conn.state(), ConnectionState::Error, "{end}");
+            }
+            _ => p.b.conn.close(p.now),
+        }
+        let wcs = p.b.take_completions();
+        let got: Vec<(u64, WcStatus)> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(
+            got,
+            vec![(9, WcStatus::Flushed), (10, WcStatus::Flushed)],
+            "{end}: every posted receive completes, in order"
+        );
+    }
+}
