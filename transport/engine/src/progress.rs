@@ -152,7 +152,12 @@ impl Shared {
                 // Assisted: send from this thread unless another is using its backends (then
                 // that one, or the engine thread, sends it; see `EngineConfig::assist` for the
                 // deadlines this leaves to the engine thread's bounded sleep).
-                if let Ok(mut io) = self.io.try_lock() {
+                if let Some(mut io) = self
+                    .assisted
+                    .load(Ordering::Relaxed)
+                    .then(|| self.io.try_lock().ok())
+                    .flatten()
+                {
                     if let Some(rails) = io.as_mut() {
                         let mut state = self.lock();
                         let now = self.now();
@@ -199,6 +204,9 @@ impl Shared {
     /// nothing (the engine thread does it). Returns whether anything happened.
     pub(crate) fn progress(&self) -> io::Result<bool> {
         if self.progress == Progress::Thread {
+            if !self.assisted.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
             return self.with_rails(|state, rails, now| state.run_once(rails, now));
         }
         self.enter();

@@ -1012,14 +1012,7 @@ impl Connection {
         // A message half received holds the receive it consumed, which was ahead of every
         // receive still queued: it completes first (it would otherwise never complete).
         if let Some(wr_id) = self.rx.consumed_receive() {
-            self.completions.push_back(WorkCompletion {
-                wr_id,
-                queue: Queue::Recv,
-                status: WcStatus::Flushed,
-                opcode: WcOpcode::Recv,
-                byte_len: 0,
-                imm: None,
-            });
+            self.push_recv_completion(wr_id, WcStatus::Flushed, WcOpcode::Recv, 0, None);
         }
         for wr in self.rq.drain(..) {
             self.completions.push_back(WorkCompletion {

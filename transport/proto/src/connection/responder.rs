@@ -249,7 +249,7 @@ impl Connection {
         }
     }
 
-    fn push_recv_completion(
+    pub(super) fn push_recv_completion(
         &mut self,
         wr_id: u64,
         status: WcStatus,
