@@ -266,6 +266,8 @@ pub struct Cq {
     pub tb: CompletionQueue,
     pub cqe: u32,
     senders: Mutex<HashMap<u32, Attached>>,
+    /// An empty poll yields the core: only when the engine thread alone makes progress.
+    yield_when_empty: bool,
 }
 
 /// A queue pair completing into a completion queue: its send table, and the queue pair (to
@@ -289,6 +291,7 @@ impl Cq {
             tb: ctx.link.device.create_cq(capacity),
             cqe: cqe as u32,
             senders: Mutex::new(HashMap::new()),
+            yield_when_empty: !ctx.link.device.polls_progress(),
         })
     }
 
@@ -304,9 +307,10 @@ impl Cq {
                 Err(_) => return Err(libc::EIO),
             };
             if got == 0 {
-                if n == 0 {
+                if n == 0 && self.yield_when_empty {
                     // The engine thread needs a core to make progress; a polling application
-                    // would otherwise hold it for its whole time slice on a small host.
+                    // would otherwise hold it for its whole time slice on a small host. (When
+                    // the application's polls receive, the poll itself is the progress.)
                     std::thread::yield_now();
                 }
                 break;

@@ -53,9 +53,10 @@ pub struct EngineConfig {
     pub max_datagram: usize,
     /// Socket receive and send buffer size to ask for.
     pub socket_buffer: usize,
-    /// Caller mode: hold the acknowledgement of a just-completed message until the
-    /// application's next poll, so that a reply posted in between carries it. The keeper
-    /// thread bounds the hold when the application stops calling.
+    /// Caller mode, and thread mode when assisted ([`Self::assist`]): hold the acknowledgement
+    /// of a just-completed message until the application's next poll, so that a reply posted
+    /// in between carries it. The keeper thread (caller mode) or the hold's own deadline (1 ms,
+    /// run by the engine thread) bounds the hold when the application stops calling.
     pub hold_acks: bool,
     /// Caller mode: period of the keeper's alarm (see the engine docs, `keeper.rs`); held acknowledgements
     /// go out at most this plus 100 µs after the application's last poll. Keep it under half
@@ -93,6 +94,13 @@ pub struct EngineConfig {
 /// ([`EngineConfig::assist`]): the retransmission timer a post arms (1 ms at first) fires at
 /// most this late when the application stops calling.
 pub const ASSISTED_MAX_SLEEP: Duration = Duration::from_millis(1);
+
+/// Assisted thread mode: for this long after the application's last poll, the engine thread
+/// leaves receiving to the application's polls and sleeps on its timer and doorbell only, not
+/// on the sockets (it looks again at least this often). A datagram that arrives in that window
+/// while nobody polls (an application that switched to polling its memory) waits at most this
+/// long; one that arrives later wakes the engine thread at once.
+pub const ASSISTED_POLL_WINDOW: Duration = Duration::from_micros(200);
 
 /// Default of [`EngineConfig::gather_threshold`]: payloads from 1 KiB up are sent from the
 /// region in place.

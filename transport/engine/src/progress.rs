@@ -22,7 +22,7 @@
 use std::io;
 use std::net::UdpSocket;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use tbrdma_proto::Time;
 
-use crate::config::{ASSISTED_MAX_SLEEP, EngineConfig, Progress};
+use crate::config::{ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW, EngineConfig, Progress};
 use crate::failure::Failure;
 use crate::io::faults::{FaultPlan, FaultyIo};
 use crate::io::{DatagramIo, EngineKind, open as open_io};
@@ -63,6 +63,9 @@ pub(crate) struct Shared {
     max_sleep: Duration,
     /// Thread mode: the application's threads run the loop too ([`EngineConfig::assist`]).
     assisted: AtomicBool,
+    /// Assisted thread mode: engine time (ns) of the application's last poll, 0 before the
+    /// first.
+    last_assisted_poll: AtomicU64,
 }
 
 impl Shared {
@@ -85,7 +88,22 @@ impl Shared {
             keeper_waiting: AtomicBool::new(false),
             max_sleep: config.max_sleep,
             assisted: AtomicBool::new(false),
+            last_assisted_poll: AtomicU64::new(0),
         })
+    }
+
+    /// Whether the application's threads run the loop too (thread mode with
+    /// [`EngineConfig::assist`] on an engine that supports it).
+    pub(crate) fn is_assisted(&self) -> bool {
+        self.assisted.load(Ordering::Relaxed)
+    }
+
+    /// Assisted thread mode: how long ago the application last polled (None: never).
+    fn assisted_poll_age(&self) -> Option<Duration> {
+        match self.last_assisted_poll.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(Duration::from_nanos(self.now().0.saturating_sub(at))),
+        }
     }
 
     /// The current engine time.
@@ -207,7 +225,14 @@ impl Shared {
             if !self.assisted.load(Ordering::Relaxed) {
                 return Ok(false);
             }
-            return self.with_rails(|state, rails, now| state.run_once(rails, now));
+            // The engine thread reads this to leave the receiving to the polls.
+            self.last_assisted_poll
+                .store(self.now().0.max(1), Ordering::Relaxed);
+            // As in caller mode, this poll is the "next call" acknowledgement holds wait for.
+            return self.with_rails(|state, rails, now| {
+                state.release_held_acks();
+                state.run_once(rails, now)
+            });
         }
         self.enter();
         self.with_rails(|state, rails, now| {
@@ -345,7 +370,18 @@ impl Shared {
         let Some(rails) = io.as_mut() else {
             return Ok(false);
         };
-        let mut state = self.lock_quiet();
+        // An assisting thread never waits for the engine thread, which holds the state only
+        // while it does this same work: waiting would let a preempted engine thread stall the
+        // application for a time slice (two cores, both busy-polled, make that common).
+        let mut state = if self.progress == Progress::Thread {
+            match self.state.try_lock() {
+                Ok(state) => state,
+                Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
+                Err(std::sync::TryLockError::Poisoned(_)) => self.lock_quiet(),
+            }
+        } else {
+            self.lock_quiet()
+        };
         let now = self.now();
         self.failure
             .contain(&mut state, |state| f(state, rails, now))
@@ -463,6 +499,22 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
     }
     let mut last_busy = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) && !shared.failure.is_failed() {
+        // Assisted, while the application polls, its polls run the loop (receive, deadlines,
+        // transmit): the engine thread keeps out of their way, neither taking the state from
+        // them nor woken by the datagrams they read, and looks again when the application
+        // may have stopped (see `ASSISTED_POLL_WINDOW`).
+        if let Some(age) = shared
+            .assisted_poll_age()
+            .filter(|age| *age < ASSISTED_POLL_WINDOW)
+        {
+            if let Err(e) =
+                crate::io::wait_readable_one(shared.wake.as_fd(), ASSISTED_POLL_WINDOW - age)
+            {
+                tracing::error!("engine wait failed: {e}");
+            }
+            let _ = shared.wake.read();
+            continue;
+        }
         let busy = run_locked(&shared, &mut rails);
         if busy {
             last_busy = Instant::now();
@@ -495,7 +547,8 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
             } else {
                 timeout
             };
-            if let Err(e) = rails[0].wait(timeout, shared.wake.as_fd()) {
+            let r = rails[0].wait(timeout, shared.wake.as_fd());
+            if let Err(e) = r {
                 tracing::error!("engine wait failed: {e}");
             }
             let _ = shared.wake.read();

@@ -7,10 +7,12 @@
 //! (a thread or the caller) and its start-up in `progress.rs`, the caller mode's keeper in
 //! `keeper.rs`, the settings in `config.rs`.
 //!
-//! Acknowledgement hold (caller mode, [`EngineConfig::hold_acks`]): the ACK of a message whose
-//! completion was just delivered is not sent in that same call; the application's next poll
-//! sends it, unless a reply it posts first carries it. A ping-pong then costs one datagram each
-//! way instead of two (see docs/performance.md).
+//! Acknowledgement hold (caller mode and assisted thread mode, [`EngineConfig::hold_acks`]):
+//! the ACK of a message whose completion was just delivered is not sent in that same call; the
+//! application's next poll sends it, unless a reply it posts first carries it. A ping-pong then
+//! costs one datagram each way instead of two (see docs/performance.md). Assisted, it also
+//! lets a memory-polling target's WRITE reply carry the ACK its peer's poll waits for, so the
+//! peer's own poll receives the reply: no engine thread is woken in a ping-pong.
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
@@ -26,7 +28,9 @@ use crate::memory::Buffer;
 use crate::progress::{Shared, launch};
 use crate::state::State;
 
-pub use crate::config::{ASSISTED_MAX_SLEEP, DEFAULT_GATHER_THRESHOLD, EngineConfig, Progress};
+pub use crate::config::{
+    ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW, DEFAULT_GATHER_THRESHOLD, EngineConfig, Progress,
+};
 pub use crate::keeper::{KEEPER_HOLD, TAKEOVER_AWAY};
 pub use crate::state::{EngineStats, NewConnection, PdId, PostFailed, SEND_HEADROOM, WriteZone};
 
@@ -122,6 +126,13 @@ impl Engine {
         self.kind
     }
 
+    /// Whether the application's polls run the loop (caller mode, or thread mode with
+    /// [`EngineConfig::assist`] on a backend that supports it): a polling thread then needs
+    /// no other thread to be scheduled for its completions to arrive.
+    pub fn polls_progress(&self) -> bool {
+        self.config.progress == Progress::Caller || self.shared.is_assisted()
+    }
+
     /// Why the preferred backend was not used, if it was not.
     pub fn fallback_reason(&self) -> Option<&str> {
         self.fallback.as_deref()
@@ -183,7 +194,9 @@ impl Engine {
     /// The [`tbrdma_proto::Config::ack_hold`] a new connection on this engine uses: in caller mode with
     /// [`EngineConfig::hold_acks`], a bound on holds that the next poll ends.
     pub fn ack_hold_for(&self, configured: Duration) -> Duration {
-        if self.config.progress == Progress::Caller && self.config.hold_acks {
+        // Holds need a next call to end them early: caller mode's polls, or an assisting
+        // application's (see `Shared::progress`).
+        if self.polls_progress() && self.config.hold_acks {
             configured.max(CALLER_ACK_HOLD)
         } else {
             configured

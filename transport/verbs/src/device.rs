@@ -168,6 +168,12 @@ impl Device {
         self.inner.engine.config().progress
     }
 
+    /// Whether polling runs the engine (caller mode, or assisted thread mode; see
+    /// `EngineConfig::assist`).
+    pub fn polls_progress(&self) -> bool {
+        self.inner.engine.polls_progress()
+    }
+
     /// Caller mode: runs the engine once. Thread mode: does nothing.
     pub fn progress(&self) -> Result<bool> {
         self.inner

@@ -319,6 +319,23 @@ pub(crate) fn wait_readable(
     }
 }
 
+/// Blocks until `wake` is readable or `timeout` passes (EINTR counts as a wake-up).
+pub(crate) fn wait_readable_one(
+    wake: std::os::fd::BorrowedFd<'_>,
+    timeout: std::time::Duration,
+) -> io::Result<()> {
+    use nix::poll::{PollFd, PollFlags, ppoll};
+    let mut fds = [PollFd::new(wake, PollFlags::POLLIN)];
+    match ppoll(
+        &mut fds,
+        Some(nix::sys::time::TimeSpec::from_duration(timeout)),
+        None,
+    ) {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// One UDP socket's datagram traffic.
 pub trait DatagramIo: Send + std::fmt::Debug {
     /// Which backend this is.
