@@ -102,6 +102,10 @@ pub const ASSISTED_MAX_SLEEP: Duration = Duration::from_millis(1);
 /// long; one that arrives later wakes the engine thread at once.
 pub const ASSISTED_POLL_WINDOW: Duration = Duration::from_micros(200);
 
+/// Assisted thread mode: most send posts queued between two polls before one transmits them
+/// (see `Shared::post_send_work`).
+pub const ASSISTED_POST_BATCH: u32 = 32;
+
 /// Default of [`EngineConfig::gather_threshold`]: payloads from 1 KiB up are sent from the
 /// region in place.
 ///

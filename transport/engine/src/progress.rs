@@ -22,7 +22,7 @@
 use std::io;
 use std::net::UdpSocket;
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use tbrdma_proto::Time;
 
-use crate::config::{ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW, EngineConfig, Progress};
+use crate::config::{
+    ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW, ASSISTED_POST_BATCH, EngineConfig, Progress,
+};
 use crate::failure::Failure;
 use crate::io::faults::{FaultPlan, FaultyIo};
 use crate::io::{DatagramIo, EngineKind, open as open_io};
@@ -66,6 +68,9 @@ pub(crate) struct Shared {
     /// Assisted thread mode: engine time (ns) of the application's last poll, 0 before the
     /// first.
     last_assisted_poll: AtomicU64,
+    /// Assisted thread mode: send posts since the application's last poll (see
+    /// [`Shared::post_send_work`]).
+    posts_since_poll: AtomicU32,
 }
 
 impl Shared {
@@ -89,6 +94,7 @@ impl Shared {
             max_sleep: config.max_sleep,
             assisted: AtomicBool::new(false),
             last_assisted_poll: AtomicU64::new(0),
+            posts_since_poll: AtomicU32::new(0),
         })
     }
 
@@ -96,6 +102,23 @@ impl Shared {
     /// [`EngineConfig::assist`] on an engine that supports it).
     pub(crate) fn is_assisted(&self) -> bool {
         self.assisted.load(Ordering::Relaxed)
+    }
+
+    fn note_assisted_poll(&self) {
+        self.last_assisted_poll
+            .store(self.now().0.max(1), Ordering::Relaxed);
+    }
+
+    /// Assisted thread mode: whether the application is polling, so that its polls do the
+    /// engine's work: it polled less than [`ASSISTED_POLL_WINDOW`] ago, or one of its threads
+    /// is using its backends right now (in a poll or a post's transmit pass, however long).
+    fn application_polls(&self) -> Option<Duration> {
+        if self.io.try_lock().is_err() {
+            return Some(ASSISTED_POLL_WINDOW);
+        }
+        self.assisted_poll_age()
+            .filter(|age| *age < ASSISTED_POLL_WINDOW)
+            .map(|age| ASSISTED_POLL_WINDOW - age)
     }
 
     /// Assisted thread mode: how long ago the application last polled (None: never).
@@ -200,7 +223,26 @@ impl Shared {
         }
     }
 
-    /// [`Self::post`], or with `quiet` in caller mode, for work that puts nothing on the wire
+    /// [`Self::post`] for send work. Assisted, the first post after a poll transmits at once
+    /// (a ping-pong's reply, the first of a burst); those that follow it before the next poll
+    /// only queue, and that poll's transmit pass sends them together, every
+    /// [`ASSISTED_POST_BATCH`]-th transmitting the queue at once. A program that posts one
+    /// request per call (perftest's bandwidth tests) then costs one system call per batch of
+    /// datagrams, not per datagram. An application that stops calling after such a post has it
+    /// sent by the engine thread within [`ASSISTED_POLL_WINDOW`].
+    pub(crate) fn post_send_work<R>(&self, f: impl FnOnce(&mut State, Time) -> R) -> io::Result<R> {
+        if self.progress == Progress::Thread && self.is_assisted() {
+            let queued = self.posts_since_poll.fetch_add(1, Ordering::Relaxed);
+            if queued % ASSISTED_POST_BATCH != 0 {
+                let mut state = self.lock();
+                let now = self.now();
+                return self.failure.contain(&mut state, |state| Ok(f(state, now)));
+            }
+        }
+        self.post(f)
+    }
+
+    /// [`Self::post`], or with `quiet` in caller mode (or assisted thread mode), for work that puts nothing on the wire
     /// by itself (posted receives), no transmit pass now: the next poll's pass routes whatever
     /// it produced (a flushed receive on a failed connection, say).
     pub(crate) fn post_maybe_quiet<R>(
@@ -208,7 +250,7 @@ impl Shared {
         quiet: bool,
         f: impl FnOnce(&mut State, Time) -> R,
     ) -> io::Result<R> {
-        if quiet && self.progress == Progress::Caller {
+        if quiet && (self.progress == Progress::Caller || self.is_assisted()) {
             let mut state = self.lock();
             let now = self.now();
             return self.failure.contain(&mut state, |state| Ok(f(state, now)));
@@ -226,13 +268,16 @@ impl Shared {
                 return Ok(false);
             }
             // The engine thread reads this to leave the receiving to the polls.
-            self.last_assisted_poll
-                .store(self.now().0.max(1), Ordering::Relaxed);
+            self.note_assisted_poll();
+            self.posts_since_poll.store(0, Ordering::Relaxed);
             // As in caller mode, this poll is the "next call" acknowledgement holds wait for.
-            return self.with_rails(|state, rails, now| {
+            let ran = self.with_rails(|state, rails, now| {
                 state.release_held_acks();
                 state.run_once(rails, now)
             });
+            // Again at its end: a pass that sent a long batch took a while.
+            self.note_assisted_poll();
+            return ran;
         }
         self.enter();
         self.with_rails(|state, rails, now| {
@@ -503,13 +548,8 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
         // transmit): the engine thread keeps out of their way, neither taking the state from
         // them nor woken by the datagrams they read, and looks again when the application
         // may have stopped (see `ASSISTED_POLL_WINDOW`).
-        if let Some(age) = shared
-            .assisted_poll_age()
-            .filter(|age| *age < ASSISTED_POLL_WINDOW)
-        {
-            if let Err(e) =
-                crate::io::wait_readable_one(shared.wake.as_fd(), ASSISTED_POLL_WINDOW - age)
-            {
+        if let Some(look_again) = shared.application_polls() {
+            if let Err(e) = crate::io::wait_readable_one(shared.wake.as_fd(), look_again) {
                 tracing::error!("engine wait failed: {e}");
             }
             let _ = shared.wake.read();

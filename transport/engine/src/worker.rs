@@ -248,7 +248,7 @@ impl Engine {
     /// Stops at the first refused request; the ones before it were posted.
     pub fn post_send(&self, qpn: u32, wrs: &[SendWr]) -> Result<(), PostFailed> {
         self.shared
-            .post(|state, _now| state.post_send(qpn, wrs))
+            .post_send_work(|state, _now| state.post_send(qpn, wrs))
             .map_err(PostFailed::Io)?
     }
 
