@@ -223,15 +223,21 @@ impl Shared {
         }
     }
 
-    /// [`Self::post`] for send work. Assisted, the first post after a poll transmits at once
-    /// (a ping-pong's reply, the first of a burst); those that follow it before the next poll
-    /// only queue, and that poll's transmit pass sends them together, every
+    /// [`Self::post`] for send work. Assisted, while the application polls (it did less than
+    /// [`ASSISTED_POLL_WINDOW`] ago), the first post after a poll transmits at once (a
+    /// ping-pong's reply, the first of a burst); those that follow it before the next poll only
+    /// queue, and that poll's transmit pass sends them together, every
     /// [`ASSISTED_POST_BATCH`]-th transmitting the queue at once. A program that posts one
     /// request per call (perftest's bandwidth tests) then costs one system call per batch of
     /// datagrams, not per datagram. An application that stops calling after such a post has it
-    /// sent by the engine thread within [`ASSISTED_POLL_WINDOW`].
+    /// sent by the engine thread within [`ASSISTED_POLL_WINDOW`]; one that does not poll
+    /// transmits every post at once.
     pub(crate) fn post_send_work<R>(&self, f: impl FnOnce(&mut State, Time) -> R) -> io::Result<R> {
-        if self.progress == Progress::Thread && self.is_assisted() {
+        let polling = || {
+            self.assisted_poll_age()
+                .is_some_and(|age| age < ASSISTED_POLL_WINDOW)
+        };
+        if self.progress == Progress::Thread && self.is_assisted() && polling() {
             let queued = self.posts_since_poll.fetch_add(1, Ordering::Relaxed);
             if queued % ASSISTED_POST_BATCH != 0 {
                 let mut state = self.lock();

@@ -1,0 +1,199 @@
+//! Assisted thread progress (`EngineConfig::assist`, the libibverbs library's mode) when the
+//! application stops calling: send posts queued for a poll that never comes still go out (the
+//! engine thread sends them), and a target that never calls the library at all, only reads its
+//! memory and posts replies, is served by its engine thread. Loopback, no root.
+
+use std::time::{Duration, Instant};
+
+use tbrdma_verbs::*;
+
+const REGION: usize = 1 << 20;
+const SLOT: usize = 4096;
+
+fn assisted() -> DeviceConfig {
+    DeviceConfig {
+        engine: EngineConfig {
+            progress: Progress::Thread,
+            assist: true,
+            spin: Duration::ZERO,
+            engine: EngineKind::Sockets,
+            ..Default::default()
+        },
+        port: 0,
+    }
+}
+
+struct Side {
+    conn: Connected,
+    cq: CompletionQueue,
+    mr: MemoryRegion,
+    _dev: Device,
+}
+
+fn pair() -> (Side, Side) {
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let server_dev = Device::open("127.0.0.1", assisted()).unwrap();
+    let server_pd = server_dev.alloc_pd();
+    let server_mr = server_pd.alloc_mr(REGION, access).unwrap();
+    let server_cq = server_dev.create_cq(1024);
+    let listener = Listener::bind(&server_dev, 0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accept = std::thread::spawn(move || {
+        let conn = listener
+            .accept(
+                &server_pd,
+                &server_cq,
+                &server_cq,
+                &QpOptions::default(),
+                Some(Duration::from_secs(20)),
+            )
+            .unwrap();
+        (conn, server_cq)
+    });
+    let client_dev = Device::open("127.0.0.1", assisted()).unwrap();
+    let client_pd = client_dev.alloc_pd();
+    let client_cq = client_dev.create_cq(1024);
+    let client_mr = client_pd.alloc_mr(REGION, access).unwrap();
+    let conn = connect(
+        &client_pd,
+        addr,
+        &client_cq,
+        &client_cq,
+        &QpOptions::default(),
+    )
+    .unwrap();
+    let (server_conn, server_cq) = accept.join().unwrap();
+    (
+        Side {
+            conn: server_conn,
+            cq: server_cq,
+            mr: server_mr,
+            _dev: server_dev,
+        },
+        Side {
+            conn,
+            cq: client_cq,
+            mr: client_mr,
+            _dev: client_dev,
+        },
+    )
+}
+
+fn slot_pattern(slot: usize, round: u8) -> Vec<u8> {
+    (0..SLOT)
+        .map(|i| (i as u8).wrapping_mul(31) ^ slot as u8 ^ round.wrapping_mul(97))
+        .collect()
+}
+
+fn write(side: &Side, wr_id: u64, local_at: usize, remote: RemoteAddr, len: usize) {
+    side.conn
+        .qp
+        .post_send(&[SendWr {
+            wr_id,
+            local: side.mr.sge(local_at, len),
+            op: SendOp::Write { remote },
+        }])
+        .unwrap();
+}
+
+/// Reads `mr` at `at` until it holds `want` (the memory polling of perftest's latency tests).
+fn wait_for_bytes(mr: &MemoryRegion, at: usize, want: &[u8], what: &str) {
+    let start = Instant::now();
+    let mut got = vec![0u8; want.len()];
+    loop {
+        mr.read(at, &mut got);
+        if got == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what}: never arrived"
+        );
+        std::hint::spin_loop();
+    }
+}
+
+fn poll_n(cq: &CompletionQueue, n: usize) {
+    let mut got = 0;
+    let mut buf = [Completion::default(); 16];
+    let start = Instant::now();
+    while got < n {
+        let k = cq.poll(&mut buf).unwrap();
+        for c in &buf[..k] {
+            assert_eq!(c.wc.status, WcStatus::Success, "{c:?}");
+        }
+        got += k;
+        assert!(start.elapsed() < Duration::from_secs(20), "{got} of {n}");
+    }
+}
+
+/// The client polls (so that its posts are batched for its next poll), posts one WRITE per
+/// call, more than a batch's worth, then stops calling: every one of them lands.
+#[test]
+fn posts_queued_for_a_poll_that_never_comes_are_still_sent() {
+    let (server, client) = pair();
+    const WRITES: usize = 70;
+    for slot in 0..WRITES {
+        client.mr.write(slot * SLOT, &slot_pattern(slot, 1));
+    }
+    // One exchange first, polled, so that the client counts as polling.
+    write(&client, 0, 0, server.mr.remote(0), 8);
+    poll_n(&client.cq, 1);
+    for slot in 0..WRITES {
+        write(
+            &client,
+            slot as u64 + 1,
+            slot * SLOT,
+            server.mr.remote(slot * SLOT),
+            SLOT,
+        );
+    }
+    // No call from either side from here on: the server reads its memory.
+    for slot in 0..WRITES {
+        wait_for_bytes(
+            &server.mr,
+            slot * SLOT,
+            &slot_pattern(slot, 1),
+            &format!("WRITE {slot}"),
+        );
+    }
+    poll_n(&client.cq, WRITES);
+}
+
+/// A ping-pong of WRITEs in which the server never polls: it reads its memory for the
+/// client's write and answers with a WRITE of its own (as `ib_write_lat` does, minus its
+/// completion polls). The client polls its completions. Every round's bytes arrive on both
+/// sides.
+#[test]
+fn a_target_that_never_calls_is_served_by_its_engine_thread() {
+    let (server, client) = pair();
+    const ROUNDS: u8 = 200;
+    let (to_server, to_client) = (server.mr.remote(0), client.mr.remote(SLOT));
+    let server_thread = std::thread::spawn(move || {
+        for round in 1..=ROUNDS {
+            wait_for_bytes(
+                &server.mr,
+                0,
+                &slot_pattern(0, round),
+                &format!("round {round} at the server"),
+            );
+            server.mr.write(SLOT, &slot_pattern(1, round));
+            write(&server, round as u64, SLOT, to_client, SLOT);
+        }
+        server
+    });
+    for round in 1..=ROUNDS {
+        client.mr.write(0, &slot_pattern(0, round));
+        write(&client, round as u64, 0, to_server, SLOT);
+        poll_n(&client.cq, 1);
+        wait_for_bytes(
+            &client.mr,
+            SLOT,
+            &slot_pattern(1, round),
+            &format!("round {round} at the client"),
+        );
+    }
+    let server = server_thread.join().unwrap();
+    // The server's completions were produced all along; none failed.
+    poll_n(&server.cq, ROUNDS as usize);
+}
