@@ -102,6 +102,10 @@ pub const ASSISTED_MAX_SLEEP: Duration = Duration::from_millis(1);
 /// long; one that arrives later wakes the engine thread at once.
 pub const ASSISTED_POLL_WINDOW: Duration = Duration::from_micros(200);
 
+/// Assisted thread mode: how long a poll that delivered completions goes on receiving a
+/// message that is still arriving (see `Shared::progress`).
+pub const ASSISTED_LINGER: Duration = Duration::from_micros(50);
+
 /// Assisted thread mode: most send posts queued between two polls before one transmits them
 /// (see `Shared::post_send_work`).
 pub const ASSISTED_POST_BATCH: u32 = 32;

@@ -31,7 +31,8 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use tbrdma_proto::Time;
 
 use crate::config::{
-    ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW, ASSISTED_POST_BATCH, EngineConfig, Progress,
+    ASSISTED_LINGER, ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW, ASSISTED_POST_BATCH, EngineConfig,
+    Progress,
 };
 use crate::failure::Failure;
 use crate::io::faults::{FaultPlan, FaultyIo};
@@ -71,6 +72,9 @@ pub(crate) struct Shared {
     /// Assisted thread mode: send posts since the application's last poll (see
     /// [`Shared::post_send_work`]).
     posts_since_poll: AtomicU32,
+    /// Assisted thread mode: the engine thread is waiting on its doorbell only, leaving the
+    /// sockets to the application's polls.
+    standing_aside: AtomicBool,
 }
 
 impl Shared {
@@ -95,6 +99,7 @@ impl Shared {
             assisted: AtomicBool::new(false),
             last_assisted_poll: AtomicU64::new(0),
             posts_since_poll: AtomicU32::new(0),
+            standing_aside: AtomicBool::new(false),
         })
     }
 
@@ -123,7 +128,7 @@ impl Shared {
 
     /// Assisted thread mode: how long ago the application last polled (None: never).
     fn assisted_poll_age(&self) -> Option<Duration> {
-        match self.last_assisted_poll.load(Ordering::Relaxed) {
+        match self.last_assisted_poll.load(Ordering::SeqCst) {
             0 => None,
             at => Some(Duration::from_nanos(self.now().0.saturating_sub(at))),
         }
@@ -276,13 +281,41 @@ impl Shared {
             // The engine thread reads this to leave the receiving to the polls.
             self.note_assisted_poll();
             self.posts_since_poll.store(0, Ordering::Relaxed);
+            let mut hand_over = false;
             // As in caller mode, this poll is the "next call" acknowledgement holds wait for.
             let ran = self.with_rails(|state, rails, now| {
                 state.release_held_acks();
-                state.run_once(rails, now)
+                let before = state.completions_routed();
+                let busy = state.run_once(rails, now)?;
+                // A poll that returns completions may be the application's last for a while
+                // (it goes on to read its memory, say), while a message is still arriving (a
+                // reply whose first packet carried the acknowledgement that completed them):
+                // this poll receives the rest for up to `ASSISTED_LINGER`, and what is still
+                // due after that is left to the engine thread rather than to a poll that may
+                // not come.
+                if state.completions_routed() != before && state.receiving() {
+                    let until = now + ASSISTED_LINGER;
+                    loop {
+                        let now = self.now();
+                        if now >= until || !state.receiving() {
+                            break;
+                        }
+                        state.run_once(rails, now)?;
+                    }
+                    hand_over = state.receiving();
+                }
+                Ok(busy)
             });
-            // Again at its end: a pass that sent a long batch took a while.
-            self.note_assisted_poll();
+            if hand_over {
+                // SeqCst with the engine thread's announcement (see `engine_thread`).
+                self.last_assisted_poll.store(0, Ordering::SeqCst);
+                if self.standing_aside.load(Ordering::SeqCst) {
+                    let _ = self.wake.write(1);
+                }
+            } else {
+                // Again at its end: a pass that sent a long batch took a while.
+                self.note_assisted_poll();
+            }
             return ran;
         }
         self.enter();
@@ -555,10 +588,16 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
         // them nor woken by the datagrams they read, and looks again when the application
         // may have stopped (see `ASSISTED_POLL_WINDOW`).
         if let Some(look_again) = shared.application_polls() {
-            if let Err(e) = crate::io::wait_readable_one(shared.wake.as_fd(), look_again) {
-                tracing::error!("engine wait failed: {e}");
+            // Announce it, then look once more: a poll that handed a message over (see
+            // `Shared::progress`) either sees the announcement and rings, or is seen here.
+            shared.standing_aside.store(true, Ordering::SeqCst);
+            if shared.application_polls().is_some() {
+                if let Err(e) = crate::io::wait_readable_one(shared.wake.as_fd(), look_again) {
+                    tracing::error!("engine wait failed: {e}");
+                }
+                let _ = shared.wake.read();
             }
-            let _ = shared.wake.read();
+            shared.standing_aside.store(false, Ordering::SeqCst);
             continue;
         }
         let busy = run_locked(&shared, &mut rails);

@@ -155,6 +155,8 @@ pub(crate) struct State {
     next_deadline: Option<Time>,
     /// Some connection holds an acknowledgement for a reply to carry.
     acks_held: bool,
+    /// Completions handed to completion queues so far (wrapping).
+    completions_routed: u64,
     /// Something may have changed since the last transmit pass (a post, a new connection, a
     /// released hold): the next loop must run one even if nothing arrived.
     dirty: bool,
@@ -223,6 +225,7 @@ impl State {
             tx: (0..rails).map(|_| TxBatch::new(32, max_datagram)).collect(),
             next_deadline: None,
             acks_held: false,
+            completions_routed: 0,
             dirty: false,
             bindings: vec![
                 RailBinding {
@@ -502,6 +505,19 @@ impl State {
         }
     }
 
+    /// Completions handed to completion queues so far (a wrapping count: compare two readings).
+    pub(crate) fn completions_routed(&self) -> u64 {
+        self.completions_routed
+    }
+
+    /// Whether some connection has an incoming message partly received (more of its packets
+    /// are due).
+    pub(crate) fn receiving(&self) -> bool {
+        self.conns
+            .values()
+            .any(|slot| slot.conn.receiving_into().is_some())
+    }
+
     /// Ends every acknowledgement hold: the next transmit pass sends them.
     pub(crate) fn release_held_acks(&mut self) {
         if std::mem::take(&mut self.acks_held) {
@@ -634,6 +650,7 @@ impl State {
         let mut sent = false;
         let mut deadline: Option<Time> = None;
         let mut acks_held = false;
+        let mut routed = 0;
         let mut unused = Vec::new();
         let State {
             conns,
@@ -700,7 +717,7 @@ impl State {
                     first.move_last_to(&mut others[path - 1]);
                 }
             }
-            route_completions(
+            routed += route_completions(
                 slot,
                 landing,
                 arenas,
@@ -757,6 +774,7 @@ impl State {
         }
         self.next_deadline = deadline;
         self.acks_held = acks_held;
+        self.completions_routed = self.completions_routed.wrapping_add(routed);
         Ok(sent)
     }
 
@@ -781,6 +799,7 @@ impl State {
         } = self;
         for slot in conns.values_mut() {
             slot.conn.abandon();
+            // (Abandoned: nobody waits for what the count tells.)
             route_completions(
                 slot,
                 landing,
@@ -812,8 +831,10 @@ fn route_completions(
     landing_pd: usize,
     region_users: &mut HashMap<(usize, RegionId), usize>,
     unused: &mut Vec<(usize, RegionId)>,
-) {
+) -> u64 {
+    let mut routed = 0;
     while let Some(wc) = slot.conn.poll_completion() {
+        routed += 1;
         let (cq, regions) = match wc.queue {
             Queue::Send => (&slot.send_cq, &mut slot.sq_regions),
             Queue::Recv => {
@@ -838,6 +859,7 @@ fn route_completions(
     while let Some(event) = slot.conn.poll_event() {
         slot.events.push(event);
     }
+    routed
 }
 
 /// Takes back the landing zone lent, if any, and stops watching it (its arena is `pd`'s).
