@@ -73,6 +73,20 @@ struct Stalled {
     _data: UdpSocket,
 }
 
+/// Server options under which a stalled stranger could hold a client's setup `hold` long: the
+/// setup timeout, and the idle timeout after which the passive side of a link handshake gives up.
+fn holding(hold: Duration) -> QpOptions {
+    QpOptions {
+        config: Config {
+            idle_timeout: hold,
+            ..Config::default()
+        },
+        timeout: hold,
+        auth: Auth::Disabled,
+        ..QpOptions::default()
+    }
+}
+
 /// Connects a [`Stalled`] stranger to the listener at `addr`. The hello is built here by hand,
 /// in the layout documented in `transport/verbs/src/cm.rs`.
 fn stall(addr: SocketAddr) -> Stalled {
@@ -109,7 +123,7 @@ fn a_stranger_that_stalls_after_its_hello_does_not_delay_the_real_peer() {
     let server = common::server(caller(), 4096, 16);
     let (accepted, (client, _stranger)) = accept_while(
         server,
-        server_opts(Auth::Disabled),
+        holding(Duration::from_secs(60)),
         Duration::from_secs(60),
         |addr| {
             let stranger = stall(addr);
@@ -195,8 +209,7 @@ fn a_stalled_candidate_makes_no_accept_fail() {
     let addr = listener.local_addr().unwrap();
     let opts = QpOptions {
         timeout: Duration::from_secs(2),
-        auth: Auth::Disabled,
-        ..QpOptions::default()
+        ..holding(Duration::from_secs(60))
     };
     // (On a thread: its authentication is answered once an accept takes it.)
     let stranger = std::thread::spawn(move || stall(addr));
