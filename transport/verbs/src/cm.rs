@@ -586,7 +586,7 @@ impl Listener {
                     won = candidates.remove(i);
                     continue;
                 }
-                // (One another call takes; or the next of ours.)
+                // (Left for a call with its protection domain and private data, or for our next.)
                 ConnectionState::Established => None,
                 ConnectionState::Connecting if now < c.deadline => None,
                 ConnectionState::Connecting => Some(
