@@ -32,10 +32,11 @@ pub const DEVICE_NAME: &std::ffi::CStr = c"tbrdma0";
 /// adds the listen id of the handle it was given; 2: eager messages, credits and CTS by
 /// message number; peers speaking an older version are refused at setup).
 const HELLO: &[u8; 8] = b"tbNCCL\x00\x03";
-/// Acceptor threads per listen comm: each sets up one connection at a time, so a client that
-/// stalls in the middle of its handshake (until the connection manager's deadline) holds one
-/// of them, never the legitimate ranks behind it.
-const ACCEPTORS: usize = 4;
+/// Acceptor threads per listen comm. One is enough: an accept call never waits on any one
+/// client (the connection manager reads hellos and runs link handshakes of many clients at
+/// once, and returns whichever completes first), so a client that stalls in the middle of its
+/// handshake holds neither the thread nor the ranks behind it, on its listener or the others.
+const ACCEPTORS: usize = 1;
 /// Connections set up and not yet taken by `accept`, per listen comm: more are closed at once
 /// (NCCL accepts each connection it expects, so only strangers reach this).
 const ACCEPT_BACKLOG: usize = 64;
@@ -606,8 +607,9 @@ fn is_no_client_yet(e: &VerbsError) -> bool {
     matches!(e, VerbsError::Timeout { what, .. } if what.starts_with("waiting for a client"))
 }
 
-/// One acceptor thread: sets up the connections made to the listeners, one at a time, and
-/// queues those `accept` should hand out. A handshake that fails, a client that is not a
+/// One acceptor thread: takes the connections set up on the listeners, looking at each in turn
+/// for [`ACCEPT_SLICE`] (each listener keeps setting up the clients it answered meanwhile, see
+/// `tbrdma_verbs::Listener::accept`), and queues those `accept` should hand out. A handshake that fails, a client that is not a
 /// tbrdma plugin of this version or was not given this listener's handle (its listen id
 /// differs) is closed and logged, never queued: NCCL's next `accept` must be a rank it expects.
 /// Only a local failure to set the comm up (memory) is queued, for `accept` to report.
@@ -619,10 +621,12 @@ fn acceptor(
     stop: &AtomicBool,
 ) {
     let expected = connector_hello(nonce);
+    // Each listener's next connection's completion queue, made once and kept until one takes it.
+    let mut cqs: Vec<Option<CompletionQueue>> = listeners.iter().map(|_| None).collect();
     while !stop.load(Ordering::SeqCst) {
-        for (listener, link) in listeners {
-            let cq: CompletionQueue = link.device.create_cq(CQ_CAPACITY);
-            let outcome = listener.accept(&link.pd, &cq, &cq, options, Some(ACCEPT_SLICE));
+        for ((listener, link), next_cq) in listeners.iter().zip(&mut cqs) {
+            let cq = next_cq.get_or_insert_with(|| link.device.create_cq(CQ_CAPACITY));
+            let outcome = listener.accept(&link.pd, cq, cq, options, Some(ACCEPT_SLICE));
             let conn = match outcome {
                 Err(e) if is_no_client_yet(&e) => continue,
                 Err(e) => {
@@ -634,6 +638,7 @@ fn acceptor(
                 }
                 Ok(conn) => conn,
             };
+            let cq = next_cq.take().expect("made above");
             if conn.peer_private_data != expected {
                 log::info(&format!(
                     "tbrdma NET: dropped a connection from {} on {}: not a tbrdma NCCL plugin of this version, or not given this listener's handle",

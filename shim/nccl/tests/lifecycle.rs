@@ -324,6 +324,7 @@ fn role() {
         "sender-dies" => role_sender_dies(),
         "failed-init" => role_failed_init(),
         "memlock" => role_memlock(),
+        "accept-one" => role_accept_one(),
         other => panic!("unknown role {other}"),
     }
 }
@@ -439,6 +440,18 @@ fn role_receiver() {
         assert_eq!(wait(req), Ok(1000), "message {m}");
         assert!((0..1000).all(|i| rx.buf[i] == pattern(m, i)), "message {m}");
     }
+    println!("RECEIVED");
+}
+
+/// Listens, prints its handle, accepts one connection and receives "hello" on it.
+fn role_accept_one() {
+    init();
+    let (h, l) = listen();
+    println!("HANDLE {}", hex(&h));
+    let mut rx = End::new(accept(l));
+    let req = rx.irecv(0, BUF).expect("irecv");
+    assert_eq!(wait(req), Ok(5));
+    assert_eq!(&rx.buf[..5], b"hello");
     println!("RECEIVED");
 }
 
@@ -722,6 +735,63 @@ fn strays_on_a_listener_never_become_an_accept_result() {
     assert_eq!(accept_once(l), Ok(0));
     drop(silent);
     let _ = stranger.join();
+}
+
+/// A stranger that speaks the connection manager's protocol (no cluster secret set): it
+/// authenticates (nothing to prove), sends a well-formed hello naming a data socket that never
+/// answers (bound, never read), and says nothing more. The hello is built by hand, in the
+/// layout documented in `transport/verbs/src/cm.rs`. Dropping it closes both sockets.
+fn stall(addr: std::net::SocketAddr) -> (std::net::TcpStream, std::net::UdpSocket) {
+    use tbrdma_proto::codec::{Put, SliceWriter};
+    let data = std::net::UdpSocket::bind("127.0.0.1:0").expect("data socket");
+    let mut tcp = std::net::TcpStream::connect(addr).expect("stranger connect");
+    tbrdma_verbs::auth::client(&mut tcp, None, "tbrdma-cm").expect("no secret on either side");
+    let mut hello = Vec::new();
+    hello.put_u32(0); // The body's length, below.
+    hello.put_bytes(b"tbCM");
+    hello.put_u16(1); // Version.
+    hello.put_u8(1); // A hello.
+    hello.put_u8(1); // One rail:
+    hello.put_socket_addr(data.local_addr().expect("data address"));
+    hello.put_u32(0x00ab_cdef); // Queue pair number.
+    hello.put_u32(1500); // Largest datagram.
+    hello.put_u64(0); // Token (a hello has none).
+    hello.put_u32(0); // No private data.
+    hello.put_u8(0); // UDP.
+    let body = (hello.len() - 4) as u32;
+    SliceWriter::new(&mut hello[..4]).put_u32(body);
+    tcp.write_all(&hello).expect("the stranger's hello");
+    (tcp, data)
+}
+
+/// A stranger that sends a well-formed hello to a listener and then never shakes hands over
+/// the link does not keep out the rank NCCL expects. The listener (a child) allows 60 s per
+/// client setup, what the stranger could hold it for; the real rank (here) allows the default
+/// 10 s and must be accepted within that. Before, the listener's acceptor waited on the
+/// stranger's handshake, and the rank's `connect` failed.
+#[test]
+fn a_stranger_that_stalls_after_its_hello_does_not_keep_the_rank_out() {
+    init_parent();
+    // (The passive side of a handshake gives up after the idle timeout: as long.)
+    let hold = [
+        ("TBRDMA_CONNECT_TIMEOUT_MS", "60000"),
+        ("TBRDMA_IDLE_TIMEOUT_MS", "60000"),
+    ];
+    let mut listener = spawn("accept-one", &hold);
+    let mut lines = BufReader::new(listener.stdout.take().expect("stdout")).lines();
+    let mut h = unhex(&expect_line(&mut lines, "HANDLE"));
+    let addr = tbrdma_proto::codec::Reader::new(&h[16..])
+        .socket_addr()
+        .expect("listening address in the handle");
+    let _stranger = stall(addr);
+    // The listener answers the stranger first.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut tx = End::new(connect(&mut h));
+    tx.buf[..5].copy_from_slice(b"hello");
+    let req = tx.isend(0, 5);
+    wait(req).expect("send");
+    expect_line(&mut lines, "RECEIVED");
+    finish(listener);
 }
 
 /// `finalize` after a failed `init` returns success and says nothing: the one warning is the

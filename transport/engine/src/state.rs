@@ -303,6 +303,32 @@ impl State {
         true
     }
 
+    /// Sends queue pair `qpn`'s completions to `send_cq` and `recv_cq` from now on; see
+    /// [`crate::worker::Engine::rebind_cqs`]. `None`: no such queue pair (or it was closed);
+    /// `Some(false)`: refused, it has work outstanding.
+    pub(crate) fn rebind_cqs(
+        &mut self,
+        qpn: u32,
+        send_cq: Arc<CqShared>,
+        recv_cq: Arc<CqShared>,
+    ) -> Option<bool> {
+        let slot = self.conns.get_mut(&qpn).filter(|s| !s.detached)?;
+        // A completion is only ever made for a request posted on the queue pair (a send, or a
+        // receive consumed by a SEND or WRITE_WITH_IMM; one that finds none is answered
+        // receiver-not-ready and completes nothing here), and its FIFO entry goes when the
+        // completion is routed: with both empty, none is on its way to the old queues.
+        let idle = slot.sq_regions.is_empty()
+            && slot.rq_regions.is_empty()
+            && slot.conn.outstanding_sends() == 0
+            && slot.conn.posted_recvs() == 0;
+        if !idle {
+            return Some(false);
+        }
+        slot.send_cq = send_cq;
+        slot.recv_cq = recv_cq;
+        Some(true)
+    }
+
     /// Lends `zone` for the write queue pair `qpn` expects next (see [`Self::set_landing`]);
     /// `None` when there is no such queue pair.
     ///
@@ -915,4 +941,69 @@ fn release_completed(
     let n = users.get_mut(&(pd, region))?;
     *n = n.saturating_sub(1);
     (*n == 0).then_some((pd, region))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tbrdma_proto::Psn;
+
+    /// A state with one passive connection, `qpn`, whose completions go to `send`/`recv`.
+    fn one_connection(qpn: u32, send: &Arc<CqShared>, recv: &Arc<CqShared>) -> State {
+        let mut state = State::new(1, 1500, usize::MAX, 0);
+        let pd = state.add_protection_domain([7; 32]);
+        state.add_connection(
+            NewConnection {
+                config: Config::default(),
+                active: false,
+                params: ConnectParams {
+                    token: 1,
+                    local_qpn: qpn,
+                    remote_qpn: 2,
+                    initial_psn: Psn(0),
+                },
+                peers: vec!["127.0.0.1:9".parse().unwrap()],
+                pd,
+                send_cq: send.clone(),
+                recv_cq: recv.clone(),
+            },
+            Time::ZERO,
+        );
+        state
+    }
+
+    fn receive(wr_id: u64) -> RecvWr {
+        RecvWr {
+            wr_id,
+            local: Sge {
+                addr: 0,
+                len: 0,
+                lkey: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn completion_queues_are_rebound_only_while_no_work_is_outstanding() {
+        let old = Arc::new(CqShared::new(4));
+        let new = Arc::new(CqShared::new(4));
+        let mut state = one_connection(5, &old, &old);
+        assert_eq!(state.rebind_cqs(6, new.clone(), new.clone()), None);
+        assert_eq!(state.rebind_cqs(5, new.clone(), new.clone()), Some(true));
+        // A posted receive could complete on the queue it was posted under: refused.
+        state.post_recv(5, &[receive(1)]).unwrap();
+        let other = Arc::new(CqShared::new(4));
+        assert_eq!(
+            state.rebind_cqs(5, other.clone(), other.clone()),
+            Some(false)
+        );
+        // Its completion (flushed here) reaches the queue bound when it was posted.
+        state.abandon();
+        assert_eq!((old.len(), new.len(), other.len()), (0, 1, 0));
+        // Routed: nothing outstanding any more.
+        assert_eq!(state.rebind_cqs(5, other.clone(), other), Some(true));
+        // A closed queue pair is not rebound.
+        state.close(5, Time::ZERO);
+        assert_eq!(state.rebind_cqs(5, new.clone(), new), None);
+    }
 }

@@ -23,6 +23,7 @@ use std::time::Duration;
 use tbrdma_proto::memory::RegisterError;
 use tbrdma_proto::{Access, ConnectionState, Event, RecvWr, Region, RegionId, SendWr, Stats, Time};
 
+use crate::cq::CqShared;
 use crate::io::EngineKind;
 use crate::memory::Buffer;
 use crate::progress::{Shared, launch};
@@ -265,6 +266,21 @@ impl Engine {
     /// engine has no such queue pair.
     pub fn set_send_headroom(&self, qpn: u32, on: bool) -> bool {
         self.lock().set_send_headroom(qpn, on)
+    }
+
+    /// Sends queue pair `qpn`'s completions to `send_cq` and `recv_cq` from now on (the
+    /// connection manager adds a connection with completion queues of its own while it waits
+    /// for the handshake, then hands it to the application's). Only while the queue pair has
+    /// no work outstanding, so that no completion is on its way to the old queues:
+    /// `Some(false)` when it has (nothing changes), `None` when the engine has no such queue
+    /// pair.
+    pub fn rebind_cqs(
+        &self,
+        qpn: u32,
+        send_cq: Arc<CqShared>,
+        recv_cq: Arc<CqShared>,
+    ) -> Option<bool> {
+        self.lock().rebind_cqs(qpn, send_cq, recv_cq)
     }
 
     /// Lends the engine `zone` for receiving the write queue pair `qpn` expects next (see

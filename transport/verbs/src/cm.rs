@@ -3,13 +3,23 @@
 //! private data; then the protocol's own CONNECT/ACCEPT handshake runs over the link.
 //!
 //! The listener binds to the link's address (the device's), not to every interface, unless the
-//! caller binds it elsewhere explicitly. It serves clients concurrently: each one's
-//! authentication and hello are read on a thread of its own, within one total deadline
-//! (`QpOptions::timeout`), so a stranger that connects and sends nothing, trickles bytes or
-//! sends garbage is dropped (and logged) while the real peer's setup goes ahead. At most
-//! [`MAX_PENDING`] clients are read at once; one more closes the one that has waited longest
-//! (a real peer's hello takes a round trip, a stranger's hold lasts until its deadline, so
-//! a flood of strangers mostly evicts itself).
+//! caller binds it elsewhere explicitly. It serves clients concurrently, at both steps of their
+//! setup, each within one total deadline (`QpOptions::timeout`) from its arrival:
+//!
+//! - Each client's authentication and hello are read on a thread of its own, so a stranger
+//!   that connects and sends nothing, trickles bytes or sends garbage is dropped (and logged)
+//!   while the real peer's setup goes ahead. At most [`MAX_PENDING`] clients are read at once;
+//!   one more closes the one that has waited longest (a real peer's hello takes a round trip, a
+//!   stranger's hold lasts until its deadline, so a flood of strangers mostly evicts itself).
+//! - A client whose hello arrived is answered at once: its connection is added to the engine
+//!   (with a small completion queue of the listener's own) and the welcome sent, and it becomes
+//!   a *candidate* while its handshake over the link runs. `accept` watches every candidate,
+//!   and takes new clients, while it drives the engine; the first whose handshake completes is
+//!   handed to the caller's completion queues and returned. So a client that speaks the
+//!   protocol (possible without a cluster secret) and never shakes hands over the link holds
+//!   nobody up: it is dropped at its deadline and logged. At most [`MAX_CANDIDATES`] are kept;
+//!   one more drops the oldest still shaking hands. Candidates an `accept` leaves (a second
+//!   client that connected at the same time) wait for the next one, and go with the listener.
 //!
 //! Before the first frame both sides run the cluster-secret handshake of `tbrdma-auth`
 //! (`QpOptions::auth`, by default `TBRDMA_SECRET` / `TBRDMA_SECRET_FILE`): with a secret set, a
@@ -54,6 +64,12 @@ pub const MAX_PENDING: usize = 64;
 const AUTH_CONTEXT: &str = "tbrdma-cm";
 /// Refusals a listener remembers for its timeout message.
 const REMEMBERED_REFUSALS: usize = 4;
+/// Most clients a listener keeps answered and shaking hands over the link (its candidates); one
+/// more drops the oldest not yet connected.
+pub const MAX_CANDIDATES: usize = 16;
+/// What a listener's completion queue for its candidates holds (none ever completes there: a
+/// candidate has no work posted).
+const CANDIDATE_CQ: usize = 16;
 
 /// Options for a new connection.
 #[derive(Clone, Debug)]
@@ -318,20 +334,50 @@ fn wait_established(qp: QueuePair, peer: SocketAddr, deadline: Instant) -> Resul
     }
 }
 
-/// Accepts connections on a TCP port (like `rdma_listen`).
+/// Accepts connections on a TCP port (like `rdma_listen`). Dropping it closes the clients it
+/// answered that no `accept` returned.
 #[derive(Debug)]
 pub struct Listener {
     device: Device,
     tcp: TcpListener,
-    /// Hellos read by the per-client threads, oldest first.
-    arrivals: Mutex<mpsc::Receiver<Arrival>>,
+    /// The hellos read and the candidates; one `accept` call at a time takes from them.
+    setup: Mutex<Setup>,
     arrived: mpsc::Sender<Arrival>,
+    /// Where the candidates' completions would go until one is handed to the caller.
+    candidate_cq: CompletionQueue,
     /// Clients whose hello is being read now (a handle to close each, oldest first).
     pending: Arc<Mutex<VecDeque<(u64, TcpStream)>>>,
     /// Numbers the clients, to find each in `pending`.
     next_client: AtomicU64,
     /// Why the last few clients were dropped, for the timeout message.
     refused: Arc<Mutex<Vec<String>>>,
+}
+
+/// What `accept` takes from: hellos read, and clients answered.
+#[derive(Debug)]
+struct Setup {
+    /// Hellos read by the per-client threads, oldest first.
+    arrivals: mpsc::Receiver<Arrival>,
+    /// Clients answered whose handshake over the link is under way (or done, for an `accept`
+    /// to take), oldest first.
+    candidates: VecDeque<Candidate>,
+}
+
+/// A client that was answered: its connection exists, on the listener's completion queue.
+#[derive(Debug)]
+struct Candidate {
+    qp: QueuePair,
+    /// The side channel, open until the candidate is returned or dropped (as before there were
+    /// candidates: the client has nothing more to say on it).
+    _stream: TcpStream,
+    /// The client's data socket on rail 0.
+    peer: SocketAddr,
+    peer_private_data: Vec<u8>,
+    /// The private data the welcome carried (the options of the `accept` that answered).
+    sent_private_data: Vec<u8>,
+    /// The end of this client's setup, and how long it was given.
+    deadline: Instant,
+    timeout: Duration,
 }
 
 /// A client that authenticated and sent a well-formed hello.
@@ -342,6 +388,15 @@ struct Arrival {
     hello: Frame,
     /// The end of this client's setup.
     deadline: Instant,
+}
+
+/// Remembers why a client was dropped, for the timeout message (the last few).
+fn remember(refused: &Mutex<Vec<String>>, why: String) {
+    let mut refused = refused.lock().unwrap_or_else(|p| p.into_inner());
+    if refused.len() == REMEMBERED_REFUSALS {
+        refused.remove(0);
+    }
+    refused.push(why);
 }
 
 /// Forgets client `id` (its hello was read, or it failed).
@@ -398,8 +453,12 @@ impl Listener {
         Ok(Listener {
             device: device.clone(),
             tcp,
-            arrivals: Mutex::new(arrivals),
+            setup: Mutex::new(Setup {
+                arrivals,
+                candidates: VecDeque::new(),
+            }),
             arrived,
+            candidate_cq: device.create_cq(CANDIDATE_CQ),
             pending: Arc::new(Mutex::new(VecDeque::new())),
             next_client: AtomicU64::new(0),
             refused: Arc::new(Mutex::new(Vec::new())),
@@ -413,14 +472,21 @@ impl Listener {
             .map_err(VerbsError::io("reading the listening address"))
     }
 
-    /// Waits up to `wait` for a client (None: forever), then sets up the connection within
-    /// `opts.timeout`.
+    /// Waits up to `wait` (None: forever) for a client whose setup completes, and returns its
+    /// connection, its completions going to `send_cq` and `recv_cq`.
     ///
-    /// Clients that do not authenticate (`opts.auth`), send something other than a hello, or
-    /// send nothing within `opts.timeout` are dropped and logged, and do not end the wait (the
-    /// timeout's message lists the last few). A client that sent a well-formed hello and then
-    /// fails (it uses the other kind of data path, or the handshake over the link fails) ends
-    /// it with that error.
+    /// Each client has `opts.timeout` from its arrival for its whole setup. While it waits,
+    /// `accept` reads new clients' hellos, answers them (with `pd` and `opts`) and drives the
+    /// engine, and returns the first client whose handshake over the link completes, wherever
+    /// it came in the queue (see the module docs). Clients that do not authenticate
+    /// (`opts.auth`), send something other than a hello, send nothing, or do not shake hands
+    /// over the link within their deadline are dropped and logged, and do not end the wait (the
+    /// timeout's message lists the last few). A client that uses the other kind of data path
+    /// (Ethernet frames or UDP) is refused and ends it with that error.
+    ///
+    /// Clients answered and not yet returned when it returns stay for the next call. A call
+    /// returns only those answered with the same protection domain and private data as its
+    /// own (the client was told those rkeys); the listener's callers normally pass the same.
     pub fn accept(
         &self,
         pd: &ProtectionDomain,
@@ -430,29 +496,43 @@ impl Listener {
         wait: Option<Duration>,
     ) -> Result<Connected> {
         let until = wait.map(|w| Instant::now() + w);
-        // Only one caller at a time takes arrivals; others wait here (each its own `wait`).
-        let arrivals = self.arrivals.lock().unwrap_or_else(|p| p.into_inner());
+        // Only one caller at a time takes arrivals and candidates; others wait here (each its
+        // own `wait`).
+        let mut setup = self.setup.lock().unwrap_or_else(|p| p.into_inner());
+        let setup = &mut *setup;
         loop {
             self.take_new_clients(opts)?;
-            let slice = match until {
-                Some(until) => until
-                    .saturating_duration_since(Instant::now())
-                    .min(Duration::from_millis(2)),
-                None => Duration::from_millis(2),
-            };
-            match arrivals.recv_timeout(slice) {
-                // A hello that waited past its client's deadline (no accept call meanwhile):
-                // the client has given up.
-                Ok(arrival) if arrival.deadline <= Instant::now() => {
-                    tracing::warn!(
-                        "connection manager: {} gave up before an accept took its hello",
-                        arrival.from
-                    );
-                }
-                Ok(arrival) => return self.answer(arrival, pd, send_cq, recv_cq, opts),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    unreachable!("the listener holds a sender")
+            while let Ok(arrival) = setup.arrivals.try_recv() {
+                self.answer(arrival, pd, opts, &mut setup.candidates)?;
+            }
+            if !setup.candidates.is_empty() {
+                let _ = self.device.progress();
+            }
+            if let Some(won) = self.settle(&mut setup.candidates, pd, opts) {
+                let Candidate {
+                    qp,
+                    peer,
+                    peer_private_data,
+                    ..
+                } = won;
+                let engine = &self.device.inner.engine;
+                match engine.rebind_cqs(qp.qp_num, send_cq.shared.clone(), recv_cq.shared.clone()) {
+                    Some(true) => {
+                        return Ok(Connected {
+                            qp,
+                            peer_private_data,
+                            peer,
+                        });
+                    }
+                    // Nobody else holds the queue pair to post on it, and the engine forgets a
+                    // connection only once it is closed: neither can happen.
+                    refused => {
+                        self.drop_client(
+                            peer,
+                            format!("handing the connection over failed ({refused:?})"),
+                        );
+                        continue;
+                    }
                 }
             }
             if let (Some(until), Some(wait)) = (until, wait) {
@@ -465,7 +545,104 @@ impl Listener {
                     return Err(VerbsError::Timeout { what, after: wait });
                 }
             }
+            // Candidates shaking hands need the engine driven often (caller progress); with
+            // none, a new hello is all there is to wait for.
+            let most = if setup.candidates.is_empty() {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_micros(20)
+            };
+            let slice = match until {
+                Some(until) => until.saturating_duration_since(Instant::now()).min(most),
+                None => most,
+            };
+            match setup.arrivals.recv_timeout(slice) {
+                Ok(arrival) => self.answer(arrival, pd, opts, &mut setup.candidates)?,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    unreachable!("the listener holds a sender")
+                }
+            }
         }
+    }
+
+    /// Looks at every candidate: drops those that failed, or are still shaking hands past their
+    /// deadline, and takes out the first (oldest) whose handshake completed and that was
+    /// answered with `pd` and `opts`' private data.
+    fn settle(
+        &self,
+        candidates: &mut VecDeque<Candidate>,
+        pd: &ProtectionDomain,
+        opts: &QpOptions,
+    ) -> Option<Candidate> {
+        let now = Instant::now();
+        let mut won = None;
+        let mut i = 0;
+        while i < candidates.len() {
+            let c = &candidates[i];
+            let ours = c.qp.pd.id == pd.id && c.sent_private_data == opts.private_data;
+            let dropped = match c.qp.state() {
+                ConnectionState::Established if ours && won.is_none() => {
+                    won = candidates.remove(i);
+                    continue;
+                }
+                // (Left for a call with its protection domain and private data, or for our next.)
+                ConnectionState::Established => None,
+                ConnectionState::Connecting if now < c.deadline => None,
+                ConnectionState::Connecting => Some(
+                    VerbsError::Timeout {
+                        what: format!(
+                            "handshake over the link with {} (the side channel worked, the data path did not: a firewall, the wrong interface, or a stranger that stalls?)",
+                            c.peer
+                        ),
+                        after: c.timeout,
+                    }
+                    .to_string(),
+                ),
+                // With background progress a fast peer may connect, finish one-sided work and
+                // close before anyone looks: the connection was made, so setup succeeded; the
+                // caller sees the closure on its next call.
+                _ if c.qp.was_established() && ours && won.is_none() => {
+                    won = candidates.remove(i);
+                    continue;
+                }
+                _ => {
+                    let reason = c.qp.take_events().iter().rev().find_map(|e| match e {
+                        Event::Failed(err) => Some(err.to_string()),
+                        _ => None,
+                    });
+                    Some(
+                        VerbsError::QpFailed {
+                            qp_num: c.qp.qp_num,
+                            reason: reason.unwrap_or_else(|| "failed during setup".into()),
+                        }
+                        .to_string(),
+                    )
+                }
+            };
+            match dropped {
+                Some(why) => {
+                    let c = candidates.remove(i).expect("in range");
+                    self.drop_client(c.peer, why);
+                    // Its queue pair closes here.
+                    drop(c);
+                }
+                None => i += 1,
+            }
+        }
+        if won.is_some() {
+            debug_assert!(
+                self.candidate_cq.shared.is_empty(),
+                "a candidate with no work posted completed something"
+            );
+        }
+        won
+    }
+
+    /// Logs and remembers why the client whose data socket is `peer` was dropped.
+    fn drop_client(&self, peer: SocketAddr, why: String) {
+        tracing::warn!("connection manager: dropping the client at {peer}: {why}");
+        remember(&self.refused, format!("{peer}: {why}"));
     }
 
     /// Accepts every client waiting on the socket and starts reading its hello on a thread of
@@ -522,11 +699,7 @@ impl Listener {
                         }
                         Err(e) => {
                             tracing::warn!("connection manager: dropping a client: {e}");
-                            let mut refused = refused.lock().unwrap_or_else(|p| p.into_inner());
-                            if refused.len() == REMEMBERED_REFUSALS {
-                                refused.remove(0);
-                            }
-                            refused.push(e.to_string());
+                            remember(&refused, e.to_string());
                         }
                     }
                     done(&pending, id);
@@ -538,21 +711,28 @@ impl Listener {
         }
     }
 
-    /// Answers a client whose hello arrived, and waits for the handshake over the link.
+    /// Answers a client whose hello arrived and adds it to the candidates. Errors: the client
+    /// uses the other kind of data path (it is told why too), or the engine refused the new
+    /// connection (a local failure).
     fn answer(
         &self,
         arrival: Arrival,
         pd: &ProtectionDomain,
-        send_cq: &CompletionQueue,
-        recv_cq: &CompletionQueue,
         opts: &QpOptions,
-    ) -> Result<Connected> {
+        candidates: &mut VecDeque<Candidate>,
+    ) -> Result<()> {
         let Arrival {
             stream,
             from,
             hello,
             deadline,
         } = arrival;
+        // A hello that waited past its client's deadline (no accept call meanwhile): the
+        // client has given up.
+        if deadline <= Instant::now() {
+            tracing::warn!("connection manager: {from} gave up before an accept took its hello");
+            return Ok(());
+        }
         let peer_name = from.to_string();
         let mut io = DeadlineStream::new(&stream, deadline);
         if let Some(detail) = path_mismatch(framed(&self.device), hello.framed) {
@@ -593,17 +773,39 @@ impl Listener {
             token,
             peers: hello.data_addrs.clone(),
         };
-        let qp = register(pd, send_cq, recv_cq, opts, agreed)?;
-        write_frame(&mut io, &welcome).map_err(|e| VerbsError::Handshake {
-            peer: peer_name.clone(),
-            detail: format!("sending the answer: {e}"),
-        })?;
-        let qp = wait_established(qp, hello.data_addrs[0], deadline)?;
-        Ok(Connected {
+        let cq = &self.candidate_cq;
+        let qp = register(pd, cq, cq, opts, agreed)?;
+        let peer = hello.data_addrs[0];
+        if let Err(e) = write_frame(&mut io, &welcome) {
+            // The client went away; its queue pair closes here.
+            drop(qp);
+            self.drop_client(peer, format!("{peer_name}: sending the answer: {e}"));
+            return Ok(());
+        }
+        if candidates.len() >= MAX_CANDIDATES {
+            // The oldest still shaking hands (a real peer takes a round trip, a stranger stays
+            // until its deadline); or, if every one is connected, the oldest.
+            let oldest = candidates
+                .iter()
+                .position(|c| c.qp.state() == ConnectionState::Connecting)
+                .unwrap_or(0);
+            if let Some(c) = candidates.remove(oldest) {
+                self.drop_client(
+                    c.peer,
+                    format!("{MAX_CANDIDATES} clients setting up: dropping the oldest"),
+                );
+            }
+        }
+        candidates.push_back(Candidate {
             qp,
+            _stream: stream,
+            peer,
             peer_private_data: hello.private,
-            peer: hello.data_addrs[0],
-        })
+            sent_private_data: opts.private_data.clone(),
+            deadline,
+            timeout: opts.timeout,
+        });
+        Ok(())
     }
 }
 

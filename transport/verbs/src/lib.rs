@@ -72,7 +72,7 @@ pub mod fuzzing;
 mod pd;
 mod qp;
 
-pub use cm::{Connected, Listener, MAX_PENDING, QpOptions, connect};
+pub use cm::{Connected, Listener, MAX_CANDIDATES, MAX_PENDING, QpOptions, connect};
 pub use device::{CompletionQueue, Device, DeviceConfig};
 pub use direct::DirectParams;
 pub use error::{Result, VerbsError};

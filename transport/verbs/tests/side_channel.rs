@@ -1,13 +1,16 @@
 //! The connection manager's side channel against strangers and against hosts with another
 //! cluster secret, over real loopback sockets: a stranger that connects and sends nothing, or
-//! sends garbage, neither delays nor ends the real peer's setup; with a secret, a peer without
-//! it, with another one, or replaying a recorded handshake is refused, naming the setting.
+//! sends garbage, neither delays nor ends the real peer's setup; nor does one that speaks the
+//! protocol (no secret set) and stalls after its hello; a listener sets up several clients at
+//! once; with a secret, a peer without it, with another one, or replaying a recorded handshake
+//! is refused, naming the setting.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tbrdma_proto::codec::{Put, SliceWriter};
 use tbrdma_verbs::*;
 
 mod common;
@@ -60,6 +63,182 @@ fn connect_with(addr: SocketAddr, opts: &QpOptions) -> Result<Connected> {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(16);
     connect(&pd, addr, &cq, &cq, opts)
+}
+
+/// A stranger that speaks the protocol, with no secret set: it authenticates (there is nothing
+/// to prove), sends a well-formed hello naming a data socket that never answers (bound, never
+/// read) and then says nothing more. Dropping it closes both.
+struct Stalled {
+    _side_channel: TcpStream,
+    _data: UdpSocket,
+}
+
+/// Server options under which a stalled stranger could hold a client's setup `hold` long: the
+/// setup timeout, and the idle timeout after which the passive side of a link handshake gives up.
+fn holding(hold: Duration) -> QpOptions {
+    QpOptions {
+        config: Config {
+            idle_timeout: hold,
+            ..Config::default()
+        },
+        timeout: hold,
+        auth: Auth::Disabled,
+        ..QpOptions::default()
+    }
+}
+
+/// Connects a [`Stalled`] stranger to the listener at `addr`. The hello is built here by hand,
+/// in the layout documented in `transport/verbs/src/cm.rs`.
+fn stall(addr: SocketAddr) -> Stalled {
+    let data = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut tcp = TcpStream::connect(addr).unwrap();
+    auth::client(&mut tcp, None, "tbrdma-cm").expect("no secret on either side");
+    let mut hello = Vec::new();
+    hello.put_u32(0); // The body's length, below.
+    hello.put_bytes(b"tbCM");
+    hello.put_u16(1); // Version.
+    hello.put_u8(1); // A hello.
+    hello.put_u8(1); // One rail:
+    hello.put_socket_addr(data.local_addr().unwrap());
+    hello.put_u32(0x00ab_cdef); // Queue pair number.
+    hello.put_u32(1500); // Largest datagram.
+    hello.put_u64(0); // Token (a hello has none).
+    hello.put_u32(0); // No private data.
+    hello.put_u8(0); // UDP.
+    let body = (hello.len() - 4) as u32;
+    SliceWriter::new(&mut hello[..4]).put_u32(body);
+    tcp.write_all(&hello).unwrap();
+    Stalled {
+        _side_channel: tcp,
+        _data: data,
+    }
+}
+
+/// Before, the listener answered a hello and then waited for that client's handshake over the
+/// link for the whole setup timeout (here 60 s) before it looked at the next: a stranger that
+/// sent a well-formed hello and never shook hands held it that long, and the real client, which
+/// allows 10 s, failed waiting for its answer.
+#[test]
+fn a_stranger_that_stalls_after_its_hello_does_not_delay_the_real_peer() {
+    let server = common::server(caller(), 4096, 16);
+    let (accepted, (client, _stranger)) = accept_while(
+        server,
+        holding(Duration::from_secs(60)),
+        Duration::from_secs(60),
+        |addr| {
+            let stranger = stall(addr);
+            // The listener answers the stranger first.
+            std::thread::sleep(Duration::from_millis(200));
+            (connect_with(addr, &client_opts(Auth::Disabled)), stranger)
+        },
+    );
+    let client = client.expect("the real client connects past the stalled stranger");
+    let accepted = accepted.expect("the listener accepts the real client");
+    assert_eq!(accepted.peer, client.qp.device().data_addr());
+    assert_eq!(accepted.qp.state(), ConnectionState::Established);
+}
+
+/// Two real clients set up at once: the first `accept` that answers them returns one, and the
+/// other's setup goes on and completes meanwhile (a server with an engine thread, so the link handshake needs no
+/// accept call), so both clients' `connect` succeed before the second `accept`, which returns
+/// the other. Before, the second client's hello waited unanswered for an accept call, and its
+/// `connect` timed out.
+#[test]
+fn two_clients_at_once_are_both_set_up_and_returned_by_two_accepts() {
+    let thread = DeviceConfig {
+        engine: EngineConfig {
+            progress: Progress::Thread,
+            ..caller().engine
+        },
+        port: 0,
+    };
+    let Server {
+        dev: _dev,
+        pd,
+        cq,
+        listener,
+        ..
+    } = common::server(thread, 4096, 16);
+    let addr = listener.local_addr().unwrap();
+    let clients: Vec<_> = (0..2)
+        .map(|_| std::thread::spawn(move || connect_with(addr, &client_opts(Auth::Disabled))))
+        .collect();
+    let opts = server_opts(Auth::Disabled);
+    // Both wait in the listener's backlog: an accept that does not wait takes them together
+    // and starts reading their hellos (nobody is set up yet, so it returns), and the next
+    // answers both.
+    std::thread::sleep(Duration::from_millis(200));
+    let e = listener
+        .accept(&pd, &cq, &cq, &opts, Some(Duration::ZERO))
+        .expect_err("no client is set up yet");
+    assert!(matches!(e, VerbsError::Timeout { .. }), "{e}");
+    std::thread::sleep(Duration::from_millis(500));
+    let wait = Some(Duration::from_secs(10));
+    let first = listener
+        .accept(&pd, &cq, &cq, &opts, wait)
+        .expect("the first");
+    let clients: Vec<Connected> = clients
+        .into_iter()
+        .map(|c| c.join().unwrap().expect("each client connects"))
+        .collect();
+    let second = listener
+        .accept(&pd, &cq, &cq, &opts, wait)
+        .expect("the second");
+    let mut got = vec![first.peer, second.peer];
+    let mut want: Vec<SocketAddr> = clients.iter().map(|c| c.qp.device().data_addr()).collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+/// A stranger that stalls after its hello ends no accept: an accept that finds no other client
+/// reports the usual "waiting for a client" timeout (what the NCCL plugin and the collectives
+/// take for "no client yet"), the stranger is dropped at its deadline during a later accept,
+/// which still returns the real client that comes after, and the timeout of the next names it.
+/// Before, the first accept waited out the stranger's deadline and failed with its handshake
+/// timeout.
+#[test]
+fn a_stalled_candidate_makes_no_accept_fail() {
+    let Server {
+        dev: _dev,
+        pd,
+        cq,
+        listener,
+        ..
+    } = common::server(caller(), 4096, 16);
+    let addr = listener.local_addr().unwrap();
+    let opts = QpOptions {
+        timeout: Duration::from_secs(2),
+        ..holding(Duration::from_secs(60))
+    };
+    // (On a thread: its authentication is answered once an accept takes it.)
+    let stranger = std::thread::spawn(move || stall(addr));
+    let e = listener
+        .accept(&pd, &cq, &cq, &opts, Some(Duration::from_millis(300)))
+        .expect_err("nobody but the stranger");
+    let _stranger = stranger.join().unwrap();
+    assert!(
+        matches!(&e, VerbsError::Timeout { what, .. } if what.starts_with("waiting for a client")),
+        "{e}"
+    );
+    let client = std::thread::spawn(move || {
+        // After the stranger's deadline.
+        std::thread::sleep(Duration::from_secs(3));
+        connect_with(addr, &client_opts(Auth::Disabled))
+    });
+    let accepted = listener
+        .accept(&pd, &cq, &cq, &opts, Some(Duration::from_secs(30)))
+        .expect("the real client, after the stranger was dropped");
+    let client = client.join().unwrap().expect("the real client connects");
+    assert_eq!(accepted.peer, client.qp.device().data_addr());
+    let e = listener
+        .accept(&pd, &cq, &cq, &opts, Some(Duration::from_millis(100)))
+        .expect_err("nobody left");
+    assert!(
+        matches!(&e, VerbsError::Timeout { what, .. }
+            if what.starts_with("waiting for a client") && what.contains("handshake over the link")),
+        "{e}"
+    );
 }
 
 /// Before, the listener read the first client's hello with the whole setup timeout: a stranger
