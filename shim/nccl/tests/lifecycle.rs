@@ -325,6 +325,7 @@ fn role() {
         "failed-init" => role_failed_init(),
         "memlock" => role_memlock(),
         "accept-one" => role_accept_one(),
+        "engine-panics" => role_engine_panics(),
         other => panic!("unknown role {other}"),
     }
 }
@@ -471,6 +472,89 @@ fn role_sender_dies() {
     println!("SENT");
     let _ = stdin_line();
     std::process::exit(0);
+}
+
+/// One process, both ends, run with `TBRDMA_FAULTS=panic_after=N`: exchanges messages until
+/// the engine's panic fails a request, then keeps calling the plugin as NCCL does when it
+/// tears a failed communicator down (more requests, `test`, `deregMr`, every `close`). Every
+/// call must return (a panic crossing into C would abort the process, a hang trips
+/// [`HANG`]), and the failure must be reported as an error code.
+fn role_engine_panics() {
+    init();
+    let (mut h, l) = listen();
+    let (mut s, mut r) = (0, 0);
+    let t = Instant::now();
+    while s == 0 || r == 0 {
+        if s == 0 {
+            s = connect_once(&mut h).expect("connect");
+        }
+        if r == 0 {
+            r = accept_once(l).expect("accept");
+        }
+        assert!(t.elapsed() < HANG, "setup hung");
+    }
+    let (mut tx, mut rx) = (End::new(s), End::new(r));
+    let mut failed = None;
+    for m in 0..10_000 {
+        let len = if m % 2 == 0 { 8 } else { 100 << 10 };
+        let rr = match rx.irecv(0, BUF) {
+            Ok(rr) => rr,
+            Err(code) => {
+                failed = Some(format!("irecv of message {m}: {code}"));
+                break;
+            }
+        };
+        let sr = tx.isend(0, len);
+        if let Err(code) = wait(rr) {
+            failed = Some(format!("receive of message {m}: {code}"));
+            let _ = wait(sr);
+            break;
+        }
+        if let Err(code) = wait(sr) {
+            failed = Some(format!("send of message {m}: {code}"));
+            break;
+        }
+    }
+    let failed = failed.expect("the engine never failed: was TBRDMA_FAULTS passed?");
+    println!("FAILED {failed}");
+    // After the failure: new requests fail or complete in error, never hang.
+    let after_recv = rx.irecv(0, BUF).map(wait);
+    let after_send = {
+        let mut req: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a live send comm and registration; the bytes lie in `buf`.
+        let code = unsafe {
+            NET.isend.expect("isend")(
+                tx.comm as *mut c_void,
+                tx.buf.as_mut_ptr().cast(),
+                8,
+                0,
+                tx.mh as *mut c_void,
+                std::ptr::null_mut(),
+                &mut req,
+            )
+        };
+        if code == 0 && !req.is_null() {
+            wait(req as usize).map(|_| 0)
+        } else {
+            Err(code)
+        }
+    };
+    println!("AFTER recv {after_recv:?} send {after_send:?}");
+    assert!(
+        !matches!(after_recv, Ok(Ok(_))),
+        "a receive posted after the failure completed: {after_recv:?}"
+    );
+    // SAFETY (all four): live comms and registrations, each released once, as NCCL does.
+    let codes = unsafe {
+        [
+            NET.dereg_mr.expect("deregMr")(tx.comm as *mut c_void, tx.mh as *mut c_void),
+            NET.dereg_mr.expect("deregMr")(rx.comm as *mut c_void, rx.mh as *mut c_void),
+            NET.close_send.expect("closeSend")(tx.comm as *mut c_void),
+            NET.close_recv.expect("closeRecv")(rx.comm as *mut c_void),
+            NET.close_listen.expect("closeListen")(l as *mut c_void),
+        ]
+    };
+    println!("FREED {codes:?}");
 }
 
 /// v11 `init` fails (no such link), then NCCL's `finalize` of the context it never got.
@@ -686,6 +770,24 @@ fn arrived_messages_complete_even_after_the_connection_failed() {
         !matches!(next, Ok(Ok(_))),
         "a receive with no message behind it completed: {next:?}"
     );
+}
+
+/// An engine that fails under the plugin (an injected panic in its loop) turns into error
+/// codes from `test`, and NCCL's teardown after it (more requests, `deregMr`, every `close`)
+/// returns from every call: no abort, no hang.
+#[test]
+fn every_call_returns_after_the_engine_failed() {
+    let mut child = spawn("engine-panics", &[("TBRDMA_FAULTS", "panic_after=60")]);
+    let stdout = child.stdout.take().expect("stdout");
+    let out: Vec<String> = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .collect();
+    let stderr = finish(child);
+    let out = out.join("\n");
+    eprintln!("{out}");
+    assert!(out.contains("FAILED "), "{out}\n{stderr}");
+    assert!(out.contains("FREED "), "{out}\n{stderr}");
 }
 
 /// Strangers on a listener (garbage, a silent client that stays connected, a tbrdma
