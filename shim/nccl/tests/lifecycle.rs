@@ -544,8 +544,9 @@ fn role_engine_panics() {
         !matches!(after_recv, Ok(Ok(_))),
         "a receive posted after the failure completed: {after_recv:?}"
     );
-    // SAFETY (all four): live comms and registrations, each released once, as NCCL does.
-    let codes = unsafe {
+    let codes =
+        // SAFETY: live comms and registrations, each released once, as NCCL does.
+        unsafe {
         [
             NET.dereg_mr.expect("deregMr")(tx.comm as *mut c_void, tx.mh as *mut c_void),
             NET.dereg_mr.expect("deregMr")(rx.comm as *mut c_void, rx.mh as *mut c_void),
