@@ -94,7 +94,8 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
+# (of an even count, the mean of the middle two)
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR]=$1} END{m=int((NR+1)/2); if (NR % 2) print v[m]; else printf "%.3f\n", (v[m]+v[m+1])/2}'; }
 for k in $(printf '%s\n' "${!ratios[@]}" | sort -t- -k1,1 -k2,2 -k3,3n -k4,4); do
     echo "median ratio $k (library / tbrdma tool): $(echo "${ratios[$k]}" | median)   [${ratios[$k]}]"
 done
