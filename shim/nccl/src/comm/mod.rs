@@ -69,6 +69,8 @@ use tbrdma_verbs::{
 use crate::abi::NCCL_NET_MAX_REQUESTS;
 use crate::error::{NetError, Result};
 
+#[cfg(test)]
+mod hostile_tests;
 mod recv;
 mod send;
 #[cfg(test)]
