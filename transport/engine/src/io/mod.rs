@@ -304,28 +304,26 @@ pub(crate) fn wait_readable(
     wake: std::os::fd::BorrowedFd<'_>,
     timeout: std::time::Duration,
 ) -> io::Result<()> {
-    use nix::poll::{PollFd, PollFlags, ppoll};
-    let mut fds = [
-        PollFd::new(fd, PollFlags::POLLIN),
-        PollFd::new(wake, PollFlags::POLLIN),
-    ];
-    match ppoll(
-        &mut fds,
-        Some(nix::sys::time::TimeSpec::from_duration(timeout)),
-        None,
-    ) {
-        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    wait_any_readable(&[fd, wake], timeout)
 }
 
-/// Blocks until `wake` is readable or `timeout` passes (EINTR counts as a wake-up).
+/// Blocks until `wake` alone is readable or `timeout` passes (as [`wait_readable`]).
 pub(crate) fn wait_readable_one(
     wake: std::os::fd::BorrowedFd<'_>,
     timeout: std::time::Duration,
 ) -> io::Result<()> {
+    wait_any_readable(&[wake], timeout)
+}
+
+fn wait_any_readable(
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    timeout: std::time::Duration,
+) -> io::Result<()> {
     use nix::poll::{PollFd, PollFlags, ppoll};
-    let mut fds = [PollFd::new(wake, PollFlags::POLLIN)];
+    let mut fds: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+        .collect();
     match ppoll(
         &mut fds,
         Some(nix::sys::time::TimeSpec::from_duration(timeout)),
