@@ -362,8 +362,8 @@ fn report(options: &Options, results: &[(String, String, Vec<(String, Vec<Figure
         // 16 KiB mean within 1.3x the kernel's exchange floor, 256 KiB and four ranks at 16 KiB
         // no slower than the TCP ring, 64 MiB bus bandwidth 1.5x the TCP ring's.
         let two_16k = options.ranks == 2 && bytes == 16 << 10;
-        let no_slower_than_tcp = (options.ranks == 2 && bytes == 256 << 10)
-            || (options.ranks == 4 && bytes == 16 << 10);
+        let no_slower_than_tcp =
+            (options.ranks == 2 && bytes == 256 << 10) || (options.ranks == 4 && bytes == 16 << 10);
         if let Some(tcp) = get("tcp") {
             if bytes >= 16 << 20 {
                 // Bandwidth: higher is better, so ours over theirs.
