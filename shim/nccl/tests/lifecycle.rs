@@ -330,11 +330,9 @@ fn role() {
     }
 }
 
-/// One process, both ends: a transfer, an idle period of several idle timeouts without any
-/// plugin call, a transfer again. Prints the CPU time used while idle.
-fn role_idle() {
-    init();
-    let (mut h, l) = listen();
+/// One process, both ends: connects to its own listener `l` (handle `h`) and accepts the
+/// connection; returns the send and receive comms.
+fn connect_to_self(mut h: Handle, l: usize) -> (usize, usize) {
     let (mut s, mut r) = (0, 0);
     let t = Instant::now();
     while s == 0 || r == 0 {
@@ -346,6 +344,15 @@ fn role_idle() {
         }
         assert!(t.elapsed() < HANG, "setup hung");
     }
+    (s, r)
+}
+
+/// One process, both ends: a transfer, an idle period of several idle timeouts without any
+/// plugin call, a transfer again. Prints the CPU time used while idle.
+fn role_idle() {
+    init();
+    let (h, l) = listen();
+    let (s, r) = connect_to_self(h, l);
     let (mut tx, mut rx) = (End::new(s), End::new(r));
     let exchange = |tx: &mut End, rx: &mut End, round: usize| {
         for (m, len) in [8usize, 100 << 10].into_iter().enumerate() {
@@ -481,18 +488,8 @@ fn role_sender_dies() {
 /// [`HANG`]), and the failure must be reported as an error code.
 fn role_engine_panics() {
     init();
-    let (mut h, l) = listen();
-    let (mut s, mut r) = (0, 0);
-    let t = Instant::now();
-    while s == 0 || r == 0 {
-        if s == 0 {
-            s = connect_once(&mut h).expect("connect");
-        }
-        if r == 0 {
-            r = accept_once(l).expect("accept");
-        }
-        assert!(t.elapsed() < HANG, "setup hung");
-    }
+    let (h, l) = listen();
+    let (s, r) = connect_to_self(h, l);
     let (mut tx, mut rx) = (End::new(s), End::new(r));
     let mut failed = None;
     for m in 0..10_000 {
