@@ -289,6 +289,16 @@ fn expect_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, tag: &
     panic!("the child ended before printing {tag}");
 }
 
+/// Reads the child's whole stdout, then [`finish`]es it: its stdout lines and its stderr.
+fn run_to_end(mut child: Child) -> (Vec<String>, String) {
+    let stdout = child.stdout.take().expect("stdout");
+    let out = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .collect();
+    (out, finish(child))
+}
+
 /// Waits for the child; panics with its output if it failed. Returns its stderr.
 fn finish(child: Child) -> String {
     let out = child.wait_with_output().expect("wait for the child");
@@ -594,13 +604,8 @@ fn idle_in(progress: Option<&str>) {
         .map(|p| ("TBRDMA_PROGRESS", p))
         .into_iter()
         .collect();
-    let mut child = spawn("idle", &env);
-    let stdout = child.stdout.take().expect("stdout");
-    let out: Vec<String> = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .collect();
-    finish(child);
+    let child = spawn("idle", &env);
+    let (out, _) = run_to_end(child);
     let out = out.join("\n");
     assert!(out.contains("IDLE_OK"), "{out}");
     let cpu: Vec<u128> = out
@@ -775,13 +780,8 @@ fn arrived_messages_complete_even_after_the_connection_failed() {
 /// returns from every call: no abort, no hang.
 #[test]
 fn every_call_returns_after_the_engine_failed() {
-    let mut child = spawn("engine-panics", &[("TBRDMA_FAULTS", "panic_after=60")]);
-    let stdout = child.stdout.take().expect("stdout");
-    let out: Vec<String> = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .collect();
-    let stderr = finish(child);
+    let child = spawn("engine-panics", &[("TBRDMA_FAULTS", "panic_after=60")]);
+    let (out, stderr) = run_to_end(child);
     let out = out.join("\n");
     eprintln!("{out}");
     assert!(out.contains("FAILED "), "{out}\n{stderr}");
@@ -936,12 +936,7 @@ fn a_low_memlock_limit_gives_one_warning_with_limit_need_and_fix() {
     let (h, _l) = listen();
     let mut child = spawn_with(wrapper, "memlock", &[]);
     writeln!(child.stdin.as_mut().expect("stdin"), "{}", hex(&h)).expect("send handle");
-    let stdout = child.stdout.take().expect("stdout");
-    let out: Vec<String> = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .collect();
-    let stderr = finish(child);
+    let (out, stderr) = run_to_end(child);
     assert!(out.iter().any(|l| l.contains("CONNECT_FAILED")), "{out:?}");
     let warnings: Vec<&str> = stderr
         .lines()

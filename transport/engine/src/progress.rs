@@ -109,11 +109,6 @@ impl Shared {
         self.assisted.load(Ordering::Relaxed)
     }
 
-    fn note_assisted_poll(&self) {
-        self.last_assisted_poll
-            .store(self.now().0.max(1), Ordering::Relaxed);
-    }
-
     /// Assisted thread mode: whether the application is polling, so that its polls do the
     /// engine's work: it polled less than [`ASSISTED_POLL_WINDOW`] ago, or one of its threads
     /// is using its backends right now (in a poll or a post's transmit pass, however long).
@@ -253,9 +248,9 @@ impl Shared {
         self.post(f)
     }
 
-    /// [`Self::post`], or with `quiet` in caller mode (or assisted thread mode), for work that puts nothing on the wire
-    /// by itself (posted receives), no transmit pass now: the next poll's pass routes whatever
-    /// it produced (a flushed receive on a failed connection, say).
+    /// [`Self::post`], or with `quiet` in caller mode (or assisted thread mode), for work that
+    /// puts nothing on the wire by itself (posted receives), no transmit pass now: the next
+    /// poll's pass routes whatever it produced (a flushed receive on a failed connection, say).
     pub(crate) fn post_maybe_quiet<R>(
         &self,
         quiet: bool,
@@ -278,8 +273,8 @@ impl Shared {
             if !self.assisted.load(Ordering::Relaxed) {
                 return Ok(false);
             }
-            // The engine thread reads this to leave the receiving to the polls.
-            self.note_assisted_poll();
+            // (While this poll runs, it holds the backends, which tells the engine thread to
+            // keep out; its end is recorded below.)
             self.posts_since_poll.store(0, Ordering::Relaxed);
             let mut hand_over = false;
             // As in caller mode, this poll is the "next call" acknowledgement holds wait for.
@@ -313,8 +308,9 @@ impl Shared {
                     let _ = self.wake.write(1);
                 }
             } else {
-                // Again at its end: a pass that sent a long batch took a while.
-                self.note_assisted_poll();
+                // The engine thread reads this to leave the receiving to the polls.
+                self.last_assisted_poll
+                    .store(self.now().0.max(1), Ordering::Relaxed);
             }
             return ran;
         }
@@ -632,8 +628,7 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
             } else {
                 timeout
             };
-            let r = rails[0].wait(timeout, shared.wake.as_fd());
-            if let Err(e) = r {
+            if let Err(e) = rails[0].wait(timeout, shared.wake.as_fd()) {
                 tracing::error!("engine wait failed: {e}");
             }
             let _ = shared.wake.read();

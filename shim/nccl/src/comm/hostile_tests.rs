@@ -7,11 +7,11 @@
 use std::time::{Duration, Instant};
 
 use tbrdma_verbs::{
-    Access, Completion, Device, DeviceConfig, EngineConfig, Listener, Progress, QpOptions,
-    QueuePair, RecvWr, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus,
+    Access, Completion, QpOptions, QueuePair, RecvWr, RemoteAddr, SendOp, SendWr, WcOpcode,
+    WcStatus,
 };
 
-use super::{CQ_CAPACITY, CTS_LEN, Cts, EAGER_MAX, Link, RTS, RecvComm, Registration};
+use super::{CQ_CAPACITY, CTS_LEN, Cts, EAGER_MAX, RTS, Registration};
 use crate::error::NetError;
 
 /// Size of the receive NCCL posts (a rendezvous one), and of its registration (larger, as
@@ -21,36 +21,7 @@ const REGISTERED: usize = 4 * POSTED as usize;
 
 #[test]
 fn a_write_longer_than_the_cts_offered_fails_the_receive() {
-    let config = DeviceConfig {
-        engine: EngineConfig {
-            progress: Progress::Caller,
-            ..Default::default()
-        },
-        port: 0,
-    };
-    let dev = Device::open("127.0.0.1", config).expect("device");
-    let pd = dev.alloc_pd();
-    let listener = Listener::bind(&dev, 0).expect("listen");
-    let server = listener.local_addr().expect("listening address");
-    let (rpd, rcq) = (pd.clone(), dev.create_cq(CQ_CAPACITY));
-    let acceptor = std::thread::spawn(move || {
-        let c = listener
-            .accept(
-                &rpd,
-                &rcq,
-                &rcq,
-                &QpOptions::default(),
-                Some(Duration::from_secs(10)),
-            )
-            .expect("accept");
-        RecvComm::new(Link {
-            qp: c.qp,
-            cq: rcq,
-            pd: rpd,
-            peer: "liar".into(),
-        })
-        .expect("receive comm")
-    });
+    let (dev, pd, server, acceptor) = super::wire_tests::receiver_on_loopback("liar");
     // The liar: a bare queue pair with a buffer for the CTS and the bytes it will write.
     let scq = dev.create_cq(CQ_CAPACITY);
     let c = tbrdma_verbs::connect(&pd, server, &scq, &scq, &QpOptions::default()).expect("connect");

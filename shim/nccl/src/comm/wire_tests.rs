@@ -20,7 +20,17 @@ use crate::error::NetError;
 const SLOT: u64 = 64 << 10;
 const SLOTS: usize = NCCL_NET_MAX_REQUESTS;
 
-fn pair() -> (SendComm, RecvComm) {
+/// A caller-progress device on 127.0.0.1 and a thread accepting one connection on it into a
+/// receive comm (named `peer` in its errors): the device, its protection domain, the address
+/// to connect to and the thread.
+pub(super) fn receiver_on_loopback(
+    peer: &'static str,
+) -> (
+    Device,
+    ProtectionDomain,
+    std::net::SocketAddr,
+    std::thread::JoinHandle<RecvComm>,
+) {
     let config = DeviceConfig {
         engine: EngineConfig {
             progress: Progress::Caller,
@@ -42,10 +52,15 @@ fn pair() -> (SendComm, RecvComm) {
             qp: c.qp,
             cq: rcq,
             pd: rpd,
-            peer: "receiver".into(),
+            peer: peer.into(),
         };
         RecvComm::new(link).expect("receive comm")
     });
+    (dev, pd, server, acceptor)
+}
+
+fn pair() -> (SendComm, RecvComm) {
+    let (dev, pd, server, acceptor) = receiver_on_loopback("receiver");
     let scq = dev.create_cq(CQ_CAPACITY);
     let c = tbrdma_verbs::connect(&pd, server, &scq, &scq, &QpOptions::default()).expect("connect");
     let link = Link {

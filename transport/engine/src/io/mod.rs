@@ -304,7 +304,7 @@ pub(crate) fn wait_readable(
     wake: std::os::fd::BorrowedFd<'_>,
     timeout: std::time::Duration,
 ) -> io::Result<()> {
-    wait_any_readable(&[fd, wake], timeout)
+    wait_any_readable([fd, wake], timeout)
 }
 
 /// Blocks until `wake` alone is readable or `timeout` passes (as [`wait_readable`]).
@@ -312,18 +312,15 @@ pub(crate) fn wait_readable_one(
     wake: std::os::fd::BorrowedFd<'_>,
     timeout: std::time::Duration,
 ) -> io::Result<()> {
-    wait_any_readable(&[wake], timeout)
+    wait_any_readable([wake], timeout)
 }
 
-fn wait_any_readable(
-    fds: &[std::os::fd::BorrowedFd<'_>],
+fn wait_any_readable<const N: usize>(
+    fds: [std::os::fd::BorrowedFd<'_>; N],
     timeout: std::time::Duration,
 ) -> io::Result<()> {
     use nix::poll::{PollFd, PollFlags, ppoll};
-    let mut fds: Vec<PollFd<'_>> = fds
-        .iter()
-        .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
-        .collect();
+    let mut fds = fds.map(|fd| PollFd::new(fd, PollFlags::POLLIN));
     match ppoll(
         &mut fds,
         Some(nix::sys::time::TimeSpec::from_duration(timeout)),
