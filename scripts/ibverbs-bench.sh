@@ -5,6 +5,10 @@
 #   cargo build --release -p tbrdma-ibverbs -p tbrdma-cli
 #   sudo scripts/ibverbs-bench.sh [ROUNDS] [LAT_ITERS] [BW_ITERS]
 #
+# A bandwidth run moves at least BW_MIN_BYTES (default 400 MiB): at 4 KiB, 20000 messages
+# last about 0.15 s, which the start of a run and the 2-core machine's scheduling dominate
+# (per-run ratios 0.5-1.2 at 20000, steadier from 100000).
+#
 # Per size and round: ib_write_lat, ib_send_lat and ib_write_bw (Debian's perftest,
 # unmodified, over target/release/libibverbs.so) against `tbrdma pingpong` / `tbrdma bw` with
 # the same operation and engine (sockets), in both of tbrdma's progress modes: its default
@@ -18,6 +22,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
 LAT_ITERS=${2:-2000}
 BW_ITERS=${3:-2000}
+BW_MIN_BYTES=${BW_MIN_BYTES:-$((400 << 20))}
 LIB_SO=target/release/libibverbs.so
 TBRDMA=target/release/tbrdma
 for f in "$LIB_SO" "$TBRDMA"; do
@@ -85,10 +90,11 @@ for round in $(seq "$ROUNDS"); do
         done
     done
     for size in 4096 65536 1048576; do
-        a=$(run_perftest ib_write_bw "$size" "$BW_ITERS" 3)
-        c=$(run_tbrdma bw write "$size" "$BW_ITERS" 3 caller)
-        t=$(run_tbrdma bw write "$size" "$BW_ITERS" 3 thread)
-        echo "round $round bw write $size B: ib_write_bw avg $a MB/s, tbrdma bw $c MiB/s (caller), $t MiB/s (thread)"
+        n=$(( BW_MIN_BYTES / size > BW_ITERS ? BW_MIN_BYTES / size : BW_ITERS ))
+        a=$(run_perftest ib_write_bw "$size" "$n" 3)
+        c=$(run_tbrdma bw write "$size" "$n" 3 caller)
+        t=$(run_tbrdma bw write "$size" "$n" 3 thread)
+        echo "round $round bw write $size B ($n messages): ib_write_bw avg $a MB/s, tbrdma bw $c MiB/s (caller), $t MiB/s (thread)"
         ratios[bw-write-$size-caller]+=$(ratio "$a" "$c")
         ratios[bw-write-$size-thread]+=$(ratio "$a" "$t")
     done

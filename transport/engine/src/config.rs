@@ -95,8 +95,9 @@ pub struct EngineConfig {
 /// most this late when the application stops calling.
 pub const ASSISTED_MAX_SLEEP: Duration = Duration::from_millis(1);
 
-/// Assisted thread mode: for this long after the application's last poll, the engine thread
-/// leaves receiving to the application's polls and sleeps on its timer and doorbell only, not
+/// Assisted thread mode: for this long after the application's last poll (or a send post that
+/// extended the window, see `Shared::post_send_work`), the engine thread leaves receiving to
+/// the application's polls and sleeps on its timer and doorbell only, not
 /// on the sockets (it looks again at least this often). A datagram that arrives in that window
 /// while nobody polls (an application that switched to polling its memory) waits at most this
 /// long; one that arrives later wakes the engine thread at once.
@@ -106,9 +107,28 @@ pub const ASSISTED_POLL_WINDOW: Duration = Duration::from_micros(200);
 /// message that is still arriving (see `Shared::progress`).
 pub const ASSISTED_LINGER: Duration = Duration::from_micros(50);
 
+/// Assisted thread mode: how long after the application's last poll its send posts may keep
+/// the engine thread out of the sockets (see `Shared::post_send_work`). While they do, no
+/// deadline runs (retransmissions, keep-alives), so this bounds how late they can be.
+pub const ASSISTED_BURST_LIMIT: Duration = Duration::from_millis(5);
+
 /// Assisted thread mode: most send posts queued between two polls before one transmits them
 /// (see `Shared::post_send_work`).
 pub const ASSISTED_POST_BATCH: u32 = 32;
+
+/// Assisted thread mode: after this long with no call from the application (a target that
+/// waits elsewhere while its peer streams one-sided operations into it, like perftest's
+/// bandwidth servers), the engine thread is the only thread of the process working the link.
+/// It then busy-polls for [`ASSISTED_QUIET_SPIN`] after each pass that did something (at
+/// least; [`EngineConfig::spin`] when longer), so that a stream's datagrams find it awake
+/// rather than each paying, on the sender's CPU, for a wake-up. While the application calls,
+/// its own thread is the process's busy one, and a second spinner would only take the core
+/// the peer needs on a small host (see [`EngineConfig::spin`]).
+pub const ASSISTED_QUIET_AFTER: Duration = Duration::from_millis(1);
+
+/// Assisted thread mode: the engine thread's spin while the application is quiet (see
+/// [`ASSISTED_QUIET_AFTER`]).
+pub const ASSISTED_QUIET_SPIN: Duration = Duration::from_micros(1000);
 
 /// Default of [`EngineConfig::gather_threshold`]: payloads from 1 KiB up are sent from the
 /// region in place.

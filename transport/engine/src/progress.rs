@@ -31,8 +31,8 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use tbrdma_proto::Time;
 
 use crate::config::{
-    ASSISTED_LINGER, ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW, ASSISTED_POST_BATCH, EngineConfig,
-    Progress,
+    ASSISTED_BURST_LIMIT, ASSISTED_LINGER, ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW,
+    ASSISTED_POST_BATCH, ASSISTED_QUIET_AFTER, ASSISTED_QUIET_SPIN, EngineConfig, Progress,
 };
 use crate::failure::Failure;
 use crate::io::faults::{FaultPlan, FaultyIo};
@@ -66,9 +66,18 @@ pub(crate) struct Shared {
     max_sleep: Duration,
     /// Thread mode: the application's threads run the loop too ([`EngineConfig::assist`]).
     assisted: AtomicBool,
-    /// Assisted thread mode: engine time (ns) of the application's last poll, 0 before the
-    /// first.
+    /// Assisted thread mode: engine time (ns) of the application's last poll; 0 before the
+    /// first, and after a poll handed a message over to the engine thread.
     last_assisted_poll: AtomicU64,
+    /// Assisted thread mode: engine time (ns) the window in which the engine thread leaves
+    /// the sockets to the application runs from (see [`ASSISTED_POLL_WINDOW`]): the last poll,
+    /// or a send post since that extended it (see [`Shared::post_send_work`]); 0 with
+    /// `last_assisted_poll`.
+    assisted_window_from: AtomicU64,
+    /// Thread mode: engine time (ns) of the application's last call that posted or polled (0
+    /// before the first), which tells the engine thread whether the application is quiet
+    /// (see [`ASSISTED_QUIET_AFTER`]).
+    last_app_call: AtomicU64,
     /// Assisted thread mode: send posts since the application's last poll (see
     /// [`Shared::post_send_work`]).
     posts_since_poll: AtomicU32,
@@ -98,6 +107,8 @@ impl Shared {
             max_sleep: config.max_sleep,
             assisted: AtomicBool::new(false),
             last_assisted_poll: AtomicU64::new(0),
+            assisted_window_from: AtomicU64::new(0),
+            last_app_call: AtomicU64::new(0),
             posts_since_poll: AtomicU32::new(0),
             standing_aside: AtomicBool::new(false),
         })
@@ -110,22 +121,38 @@ impl Shared {
     }
 
     /// Assisted thread mode: whether the application is polling, so that its polls do the
-    /// engine's work: it polled less than [`ASSISTED_POLL_WINDOW`] ago, or one of its threads
-    /// is using its backends right now (in a poll or a post's transmit pass, however long).
+    /// engine's work: its window is open (it polled, or extended the window with a post, less
+    /// than [`ASSISTED_POLL_WINDOW`] ago), or one of its threads is using its backends right
+    /// now (in a poll or a post's transmit pass, however long). Returns how long the window
+    /// stays open.
     fn application_polls(&self) -> Option<Duration> {
         if self.io.try_lock().is_err() {
             return Some(ASSISTED_POLL_WINDOW);
         }
-        self.assisted_poll_age()
-            .filter(|age| *age < ASSISTED_POLL_WINDOW)
-            .map(|age| ASSISTED_POLL_WINDOW - age)
+        let from = self.assisted_window_from.load(Ordering::SeqCst);
+        let age = Duration::from_nanos(self.now().0.saturating_sub(from));
+        (from != 0 && age < ASSISTED_POLL_WINDOW).then(|| ASSISTED_POLL_WINDOW - age)
     }
 
-    /// Assisted thread mode: how long ago the application last polled (None: never).
-    fn assisted_poll_age(&self) -> Option<Duration> {
-        match self.last_assisted_poll.load(Ordering::SeqCst) {
-            0 => None,
-            at => Some(Duration::from_nanos(self.now().0.saturating_sub(at))),
+    /// Records an application call (see `last_app_call`).
+    fn note_app_call(&self) {
+        self.last_app_call
+            .store(self.now().0.max(1), Ordering::Relaxed);
+    }
+
+    /// Assisted thread mode: how long the engine thread spins after a pass that did something
+    /// (see [`ASSISTED_QUIET_AFTER`]); `configured` otherwise.
+    fn spin_after_busy(&self, configured: Duration) -> Duration {
+        if !self.is_assisted() {
+            return configured;
+        }
+        let last = self.last_app_call.load(Ordering::Relaxed);
+        let quiet = last == 0
+            || self.now().0.saturating_sub(last) >= ASSISTED_QUIET_AFTER.as_nanos() as u64;
+        if quiet {
+            configured.max(ASSISTED_QUIET_SPIN)
+        } else {
+            configured
         }
     }
 
@@ -190,6 +217,7 @@ impl Shared {
                 })
             }
             Progress::Thread => {
+                self.note_app_call();
                 // Assisted: send from this thread unless another is using its backends (then
                 // that one, or the engine thread, sends it; see `EngineConfig::assist` for the
                 // deadlines this leaves to the engine thread's bounded sleep).
@@ -223,29 +251,65 @@ impl Shared {
         }
     }
 
-    /// [`Self::post`] for send work. Assisted, while the application polls (it did less than
-    /// [`ASSISTED_POLL_WINDOW`] ago), the first post after a poll transmits at once (a
-    /// ping-pong's reply, the first of a burst); those that follow it before the next poll only
-    /// queue, and that poll's transmit pass sends them together, every
+    /// [`Self::post`] for send work. Assisted, while the application polls (its window is
+    /// open, see [`Self::application_polls`]), the first post after a poll transmits at once
+    /// (a ping-pong's reply, the first of a burst); those that follow it before the next poll
+    /// only queue, and that poll's transmit pass sends them together, every
     /// [`ASSISTED_POST_BATCH`]-th transmitting the queue at once. A program that posts one
     /// request per call (perftest's bandwidth tests) then costs one system call per batch of
-    /// datagrams, not per datagram. An application that stops calling after such a post has it
-    /// sent by the engine thread within [`ASSISTED_POLL_WINDOW`]; one that does not poll
-    /// transmits every post at once.
+    /// datagrams, not per datagram.
+    ///
+    /// Each such post restarts the window: a burst that outlasted a window measured from the
+    /// poll alone (perftest's 100 posts after a completion) went out one datagram per call
+    /// once it had lapsed. Posts extend it for at most [`ASSISTED_BURST_LIMIT`] after the last
+    /// poll, because while the window is open the engine thread runs no deadlines: after
+    /// that, every post transmits at once and the engine thread is back. An application
+    /// that stops calling after a queued post has it sent by the engine thread within
+    /// [`ASSISTED_POLL_WINDOW`] of that post.
     pub(crate) fn post_send_work<R>(&self, f: impl FnOnce(&mut State, Time) -> R) -> io::Result<R> {
-        let polling = || {
-            self.assisted_poll_age()
-                .is_some_and(|age| age < ASSISTED_POLL_WINDOW)
-        };
-        if self.progress == Progress::Thread && self.is_assisted() && polling() {
-            let queued = self.posts_since_poll.fetch_add(1, Ordering::Relaxed);
-            if queued % ASSISTED_POST_BATCH != 0 {
-                let mut state = self.lock();
-                let now = self.now();
-                return self.failure.contain(&mut state, |state| Ok(f(state, now)));
-            }
+        if self.progress != Progress::Thread || !self.is_assisted() {
+            return self.post(f);
         }
-        self.post(f)
+        let polled = self.last_assisted_poll.load(Ordering::SeqCst);
+        let now = self.now().0.max(1);
+        if polled == 0 || now.saturating_sub(polled) >= ASSISTED_BURST_LIMIT.as_nanos() as u64 {
+            return self.post(f);
+        }
+        let from = self.assisted_window_from.load(Ordering::SeqCst);
+        let open = from != 0 && now.saturating_sub(from) < ASSISTED_POLL_WINDOW.as_nanos() as u64;
+        // (The exchange leaves a hand-over's 0, see `progress`, in place.)
+        let restart = |at: u64| {
+            let _ = self.assisted_window_from.compare_exchange(
+                from,
+                at,
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            );
+        };
+        restart(now);
+        let queued = if open {
+            self.posts_since_poll.fetch_add(1, Ordering::Relaxed)
+        } else {
+            // The window had lapsed (the thread was descheduled, say): this post transmits
+            // what is queued, and the burst goes on batching after it.
+            self.posts_since_poll.store(1, Ordering::Relaxed);
+            0
+        };
+        if queued % ASSISTED_POST_BATCH != 0 {
+            self.note_app_call();
+            let mut state = self.lock();
+            let now = self.now();
+            return self.failure.contain(&mut state, |state| Ok(f(state, now)));
+        }
+        let result = self.post(f);
+        // (The transmit pass may have taken a while: the window runs from its end.)
+        let _ = self.assisted_window_from.compare_exchange(
+            now,
+            self.now().0.max(1),
+            Ordering::SeqCst,
+            Ordering::Relaxed,
+        );
+        result
     }
 
     /// [`Self::post`], or with `quiet` in caller mode (or assisted thread mode), for work that
@@ -257,6 +321,9 @@ impl Shared {
         f: impl FnOnce(&mut State, Time) -> R,
     ) -> io::Result<R> {
         if quiet && (self.progress == Progress::Caller || self.is_assisted()) {
+            if self.progress == Progress::Thread {
+                self.note_app_call();
+            }
             let mut state = self.lock();
             let now = self.now();
             return self.failure.contain(&mut state, |state| Ok(f(state, now)));
@@ -276,6 +343,7 @@ impl Shared {
             // (While this poll runs, it holds the backends, which tells the engine thread to
             // keep out; its end is recorded below.)
             self.posts_since_poll.store(0, Ordering::Relaxed);
+            self.note_app_call();
             let mut hand_over = false;
             // As in caller mode, this poll is the "next call" acknowledgement holds wait for.
             let ran = self.with_rails(|state, rails, now| {
@@ -304,13 +372,15 @@ impl Shared {
             if hand_over {
                 // SeqCst with the engine thread's announcement (see `engine_thread`).
                 self.last_assisted_poll.store(0, Ordering::SeqCst);
+                self.assisted_window_from.store(0, Ordering::SeqCst);
                 if self.standing_aside.load(Ordering::SeqCst) {
                     let _ = self.wake.write(1);
                 }
             } else {
                 // The engine thread reads this to leave the receiving to the polls.
-                self.last_assisted_poll
-                    .store(self.now().0.max(1), Ordering::Relaxed);
+                let now = self.now().0.max(1);
+                self.last_assisted_poll.store(now, Ordering::Relaxed);
+                self.assisted_window_from.store(now, Ordering::Relaxed);
             }
             return ran;
         }
@@ -601,14 +671,16 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
             last_busy = Instant::now();
             continue;
         }
-        if last_busy.elapsed() < config.spin {
+        if last_busy.elapsed() < shared.spin_after_busy(config.spin) {
             std::hint::spin_loop();
             continue;
         }
         // Announce the sleep, then look once more: a post that raced with the announcement is
         // either seen now or wakes the sleep through the eventfd.
         shared.sleeping.store(true, Ordering::SeqCst);
-        if !run_locked(&shared, &mut rails) {
+        if run_locked(&shared, &mut rails) {
+            last_busy = Instant::now();
+        } else {
             let deadline = shared.lock_quiet().next_deadline();
             let now = shared.now();
             // Assisted, a post does not wake this thread: it sleeps no longer than the
@@ -634,7 +706,9 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
             let _ = shared.wake.read();
         }
         shared.sleeping.store(false, Ordering::SeqCst);
-        last_busy = Instant::now();
+        // (No spin after a wake alone: the pass after it spins if it finds work. A timer's
+        // wake with nothing to do used to spin too, which kept an idle engine busy for the
+        // spin once per sleep.)
     }
 }
 

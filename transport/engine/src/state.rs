@@ -46,6 +46,11 @@ pub struct EngineStats {
     pub sleeps: u64,
     /// Payloads received straight into their place (a landing zone, see [`Landing`]).
     pub landed_in_place: u64,
+    /// Batches of datagrams handed to a backend to send (each one system call, or a few
+    /// where the backend splits it), and the datagrams in them: their ratio is how well
+    /// transmit passes batch.
+    pub send_batches: u64,
+    pub datagrams_sent: u64,
 }
 
 /// A protection domain of one engine: which arena its regions live in. Only the engine makes
@@ -687,6 +692,7 @@ impl State {
             gather_from,
             landing,
             landing_pd,
+            stats,
             ..
         } = self;
         let gather_from = *gather_from;
@@ -696,6 +702,8 @@ impl State {
                 // Every batch needs a free buffer: the datagram's rail is known only after.
                 for (rail, batch) in tx.iter_mut().enumerate() {
                     if batch.is_full() {
+                        stats.send_batches += 1;
+                        stats.datagrams_sent += batch.len() as u64;
                         rails[rail].send(batch)?;
                         sent = true;
                     }
@@ -794,6 +802,8 @@ impl State {
         }
         for (rail, batch) in tx.iter_mut().enumerate() {
             if !batch.is_empty() {
+                stats.send_batches += 1;
+                stats.datagrams_sent += batch.len() as u64;
                 rails[rail].send(batch)?;
                 sent = true;
             }

@@ -1,7 +1,9 @@
 //! Assisted thread progress (`EngineConfig::assist`, the libibverbs library's mode) when the
 //! application stops calling: send posts queued for a poll that never comes still go out (the
 //! engine thread sends them), and a target that never calls the library at all, only reads its
-//! memory and posts replies, is served by its engine thread. Loopback, no root.
+//! memory and posts replies, is served by its engine thread; a burst of posts longer than the
+//! poll window still leaves in batches; a quiet target's engine thread receives a stream
+//! awake. Loopback, no root.
 
 use std::time::{Duration, Instant};
 
@@ -9,6 +11,15 @@ use tbrdma_verbs::*;
 
 const REGION: usize = 1 << 20;
 const SLOT: usize = 4096;
+
+/// The tests here run one at a time: each measures how an engine thread behaves when the
+/// application stops calling, which the busy threads of another test would disturb on a
+/// small host (a poll window lapsing while a descheduled thread waits for a core).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn assisted() -> DeviceConfig {
     DeviceConfig {
@@ -131,6 +142,7 @@ fn poll_n(cq: &CompletionQueue, n: usize) {
 /// call, more than a batch's worth, then stops calling: every one of them lands.
 #[test]
 fn posts_queued_for_a_poll_that_never_comes_are_still_sent() {
+    let _serial = serial();
     let (server, client) = pair();
     const WRITES: usize = 70;
     for slot in 0..WRITES {
@@ -160,12 +172,78 @@ fn posts_queued_for_a_poll_that_never_comes_are_still_sent() {
     poll_n(&client.cq, WRITES);
 }
 
+/// After a poll, the client posts 128 WRITEs, one per call, each after about 5 µs of its own
+/// work (as a program's loop would), so that the burst lasts three times the poll window
+/// (`ASSISTED_POLL_WINDOW`, 200 µs): it still leaves in batches. When the window ran from the
+/// poll alone, every post after the first 200 µs was a system call of its own.
+#[test]
+fn a_burst_of_posts_longer_than_the_poll_window_still_leaves_in_batches() {
+    let _serial = serial();
+    let (server, client) = pair();
+    const WRITES: usize = 128;
+    write(&client, 0, 0, server.mr.remote(0), 8);
+    poll_n(&client.cq, 1);
+    let before = client._dev.engine_stats();
+    for i in 0..WRITES {
+        let work = Instant::now();
+        while work.elapsed() < Duration::from_micros(5) {
+            std::hint::spin_loop();
+        }
+        write(&client, i as u64 + 1, 0, server.mr.remote(SLOT), 8);
+    }
+    let after = client._dev.engine_stats();
+    poll_n(&client.cq, WRITES);
+    let batches = after.send_batches - before.send_batches;
+    let datagrams = after.datagrams_sent - before.datagrams_sent;
+    // (Up to a batch's worth may still wait for the next poll.)
+    assert!(
+        datagrams >= (WRITES / 2) as u64,
+        "only {datagrams} of {WRITES} WRITEs left during the burst"
+    );
+    assert!(
+        batches * 4 <= datagrams,
+        "{datagrams} datagrams left in {batches} batches: the burst was not batched"
+    );
+}
+
+/// A target whose application has stopped calling (perftest's bandwidth servers wait in a
+/// TCP read while the client writes): its engine thread receives the client's stream awake,
+/// busy-polling between datagrams, instead of sleeping after each and being woken by the next
+/// (a wake-up the sender's CPU pays for, datagram by datagram).
+#[test]
+fn the_engine_thread_of_a_quiet_target_receives_a_stream_awake() {
+    let _serial = serial();
+    let (server, client) = pair();
+    const WRITES: usize = 512;
+    // The server's application makes no call from here on: it is quiet after
+    // ASSISTED_QUIET_AFTER (1 ms).
+    std::thread::sleep(Duration::from_millis(5));
+    let before = server._dev.engine_stats();
+    let mut posted = 0;
+    let mut completed = 0;
+    let mut buf = [Completion::default(); 16];
+    while completed < WRITES {
+        while posted < WRITES && posted - completed < 64 {
+            write(&client, posted as u64, 0, server.mr.remote(SLOT), SLOT);
+            posted += 1;
+        }
+        completed += client.cq.poll(&mut buf).unwrap();
+    }
+    let after = server._dev.engine_stats();
+    let sleeps = after.sleeps - before.sleeps;
+    assert!(
+        sleeps * 8 < WRITES as u64,
+        "the target's engine thread slept {sleeps} times during a stream of {WRITES} WRITEs"
+    );
+}
+
 /// A ping-pong of WRITEs in which the server never polls: it reads its memory for the
 /// client's write and answers with a WRITE of its own (as `ib_write_lat` does, minus its
 /// completion polls). The client polls its completions. Every round's bytes arrive on both
 /// sides.
 #[test]
 fn a_target_that_never_calls_is_served_by_its_engine_thread() {
+    let _serial = serial();
     let (server, client) = pair();
     const ROUNDS: u8 = 200;
     let (to_server, to_client) = (server.mr.remote(0), client.mr.remote(SLOT));
@@ -205,6 +283,7 @@ fn a_target_that_never_calls_is_served_by_its_engine_thread() {
 /// a while, then leaves it to the engine thread). Every byte of every round arrives.
 #[test]
 fn a_ping_pong_of_multi_packet_writes_polled_as_ib_write_lat_does() {
+    let _serial = serial();
     let (server, client) = pair();
     const LEN: usize = 200_000;
     const ROUNDS: u8 = 50;
