@@ -297,11 +297,31 @@ impl Cq {
 
     /// `ibv_poll_cq`: fills `out` with up to `out.len()` completions.
     pub fn poll(&self, out: &mut [ibv_wc]) -> Result<usize, Errno> {
+        // The staging buffer is on the stack and zeroed on every call, so it is no larger than
+        // the request needs: 32 zeroed completions were a measurable share of a latency
+        // test's poll loop, which asks for one.
+        if out.len() <= 4 {
+            self.poll_staged::<4>(out)
+        } else {
+            self.poll_staged::<32>(out)
+        }
+    }
+
+    /// [`Self::poll`] through a staging buffer of `N` completions. Only the first batch may run
+    /// the engine (when nothing is queued); the rest only take what is queued, so that a poll
+    /// that found completions costs one engine pass, not a second one to find the queue empty.
+    fn poll_staged<const N: usize>(&self, out: &mut [ibv_wc]) -> Result<usize, Errno> {
         let mut n = 0;
-        let mut buf = [Completion::default(); 32];
+        let mut buf = [Completion::default(); N];
+        let mut first = true;
         while n < out.len() {
             let want = buf.len().min(out.len() - n);
-            let got = match self.tb.poll(&mut buf[..want]) {
+            let polled = if std::mem::take(&mut first) {
+                self.tb.poll(&mut buf[..want])
+            } else {
+                self.tb.poll_queued(&mut buf[..want])
+            };
+            let got = match polled {
                 Ok(got) => got,
                 Err(VerbsError::CqOverflow { .. }) => return Err(libc::ENOSPC),
                 Err(_) => return Err(libc::EIO),

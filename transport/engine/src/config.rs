@@ -103,6 +103,11 @@ pub const ASSISTED_MAX_SLEEP: Duration = Duration::from_millis(1);
 /// long; one that arrives later wakes the engine thread at once.
 pub const ASSISTED_POLL_WINDOW: Duration = Duration::from_micros(200);
 
+/// Assisted thread mode: the longest an acknowledgement waits for a reply to carry it (see
+/// `Engine::ack_hold_for`): a reply comes within a round trip, tens of microseconds, and
+/// the hold must end well inside the peer's first retransmission timeout (1 ms by default).
+pub const ASSISTED_ACK_HOLD: Duration = Duration::from_micros(100);
+
 /// Assisted thread mode: how long a poll that delivered completions goes on receiving a
 /// message that is still arriving (see `Shared::progress`).
 pub const ASSISTED_LINGER: Duration = Duration::from_micros(50);

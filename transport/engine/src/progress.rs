@@ -135,9 +135,8 @@ impl Shared {
     }
 
     /// Records an application call (see `last_app_call`).
-    fn note_app_call(&self) {
-        self.last_app_call
-            .store(self.now().0.max(1), Ordering::Relaxed);
+    fn note_app_call(&self, now: Time) {
+        self.last_app_call.store(now.0.max(1), Ordering::Relaxed);
     }
 
     /// Assisted thread mode: how long the engine thread spins after a pass that did something
@@ -217,7 +216,6 @@ impl Shared {
                 })
             }
             Progress::Thread => {
-                self.note_app_call();
                 // Assisted: send from this thread unless another is using its backends (then
                 // that one, or the engine thread, sends it; see `EngineConfig::assist` for the
                 // deadlines this leaves to the engine thread's bounded sleep).
@@ -230,6 +228,7 @@ impl Shared {
                     if let Some(rails) = io.as_mut() {
                         let mut state = self.lock();
                         let now = self.now();
+                        self.note_app_call(now);
                         return self.failure.contain(&mut state, |state| {
                             let result = f(state, now);
                             state.flush(rails, now)?;
@@ -240,6 +239,7 @@ impl Shared {
                 let result = {
                     let mut state = self.lock();
                     let now = self.now();
+                    self.note_app_call(now);
                     self.failure
                         .contain(&mut state, |state| Ok(f(state, now)))?
                 };
@@ -296,7 +296,7 @@ impl Shared {
             0
         };
         if queued % ASSISTED_POST_BATCH != 0 {
-            self.note_app_call();
+            self.note_app_call(Time(now));
             let mut state = self.lock();
             let now = self.now();
             return self.failure.contain(&mut state, |state| Ok(f(state, now)));
@@ -321,11 +321,11 @@ impl Shared {
         f: impl FnOnce(&mut State, Time) -> R,
     ) -> io::Result<R> {
         if quiet && (self.progress == Progress::Caller || self.is_assisted()) {
-            if self.progress == Progress::Thread {
-                self.note_app_call();
-            }
             let mut state = self.lock();
             let now = self.now();
+            if self.progress == Progress::Thread {
+                self.note_app_call(now);
+            }
             return self.failure.contain(&mut state, |state| Ok(f(state, now)));
         }
         self.post(f)
@@ -343,7 +343,6 @@ impl Shared {
             // (While this poll runs, it holds the backends, which tells the engine thread to
             // keep out; its end is recorded below.)
             self.posts_since_poll.store(0, Ordering::Relaxed);
-            self.note_app_call();
             let mut hand_over = false;
             // As in caller mode, this poll is the "next call" acknowledgement holds wait for.
             let ran = self.with_rails(|state, rails, now| {
@@ -373,12 +372,15 @@ impl Shared {
                 // SeqCst with the engine thread's announcement (see `engine_thread`).
                 self.last_assisted_poll.store(0, Ordering::SeqCst);
                 self.assisted_window_from.store(0, Ordering::SeqCst);
+                self.note_app_call(self.now());
                 if self.standing_aside.load(Ordering::SeqCst) {
                     let _ = self.wake.write(1);
                 }
             } else {
                 // The engine thread reads this to leave the receiving to the polls.
-                let now = self.now().0.max(1);
+                let now = self.now();
+                self.note_app_call(now);
+                let now = now.0.max(1);
                 self.last_assisted_poll.store(now, Ordering::Relaxed);
                 self.assisted_window_from.store(now, Ordering::Relaxed);
             }
@@ -578,7 +580,6 @@ pub(crate) fn launch(
                     .map(UdpSocket::try_clone)
                     .collect::<io::Result<Vec<_>>>()?;
                 let (rails, _, _) = open_rails(config, clones, false)?;
-                shared.lock_quiet().keep_sockets_open();
                 *shared.io.lock().unwrap_or_else(|e| e.into_inner()) = Some(rails);
                 shared.assisted.store(true, Ordering::SeqCst);
             }

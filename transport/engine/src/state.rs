@@ -165,12 +165,9 @@ pub(crate) struct State {
     /// Something may have changed since the last transmit pass (a post, a new connection, a
     /// released hold): the next loop must run one even if nothing arrived.
     dirty: bool,
-    /// Whom each rail's socket should be connected to, and whom it is.
-    bindings: Vec<RailBinding>,
-    /// Never connect the rail sockets: two backends share each socket
-    /// ([`crate::worker::EngineConfig::assist`]) and each remembers on its own whether it is
-    /// connected, so one disconnecting would leave the other sending without an address.
-    sockets_stay_open: bool,
+    /// Whom each rail's socket should be connected to (each backend knows whom it is, see
+    /// `apply_bindings`).
+    bindings: Vec<Binding>,
     /// Payloads of at least this many bytes are sent from their region in place
     /// ([`crate::worker::EngineConfig::gather_threshold`]; `usize::MAX`: never).
     gather_from: usize,
@@ -195,16 +192,10 @@ enum Binding {
     Shared,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct RailBinding {
-    wanted: Binding,
-    applied: Option<SocketAddr>,
-}
-
-impl RailBinding {
+impl Binding {
     fn target(&self) -> Option<SocketAddr> {
-        match self.wanted {
-            Binding::Peer(p) => Some(p),
+        match self {
+            Binding::Peer(p) => Some(*p),
             Binding::Open | Binding::Shared => None,
         }
     }
@@ -232,14 +223,7 @@ impl State {
             acks_held: false,
             completions_routed: 0,
             dirty: false,
-            bindings: vec![
-                RailBinding {
-                    wanted: Binding::Open,
-                    applied: None,
-                };
-                rails
-            ],
-            sockets_stay_open: false,
+            bindings: vec![Binding::Open; rails],
             gather_from,
             landing: None,
             landing_pd: 0,
@@ -440,7 +424,7 @@ impl State {
         };
         conn.set_paths(peers.len());
         for (binding, peer) in self.bindings.iter_mut().zip(&peers) {
-            binding.wanted = match binding.wanted {
+            *binding = match *binding {
                 Binding::Open => Binding::Peer(*peer),
                 Binding::Peer(p) if p == *peer => Binding::Peer(p),
                 Binding::Peer(_) | Binding::Shared => Binding::Shared,
@@ -508,30 +492,23 @@ impl State {
         }
     }
 
-    /// Leaves the rail sockets unconnected for good (see `sockets_stay_open`).
-    pub(crate) fn keep_sockets_open(&mut self) {
-        self.sockets_stay_open = true;
-    }
-
-    /// Connects or disconnects rail sockets whose wanted association changed.
+    /// Connects or disconnects rail sockets whose wanted association changed, as `rails` know
+    /// them. In assisted thread mode two sets of backends share each socket and each knows
+    /// only its own association: each set catches up here, under the state's lock, before it
+    /// sends anything, so neither sends without an address to a socket the other disconnected
+    /// (connecting the socket again to the address it has is harmless). Until it catches up, a
+    /// set that thinks the socket unconnected sends with the address, which a connected UDP
+    /// socket accepts.
     fn apply_bindings(&mut self, rails: &mut [Box<dyn DatagramIo>]) {
-        if self.sockets_stay_open {
-            return;
-        }
         for (rail, binding) in self.bindings.iter_mut().enumerate() {
             let target = binding.target();
-            if target == binding.applied {
+            if target == rails[rail].peer() {
                 continue;
             }
-            match rails[rail].set_peer(target) {
-                Ok(()) => binding.applied = target,
-                Err(e) => {
-                    tracing::warn!("cannot associate rail {rail}'s socket with {target:?}: {e}");
-                    binding.wanted = Binding::Shared;
-                    if rails[rail].set_peer(None).is_ok() {
-                        binding.applied = None;
-                    }
-                }
+            if let Err(e) = rails[rail].set_peer(target) {
+                tracing::warn!("cannot associate rail {rail}'s socket with {target:?}: {e}");
+                *binding = Binding::Shared;
+                let _ = rails[rail].set_peer(None);
             }
         }
     }

@@ -30,7 +30,8 @@ use crate::progress::{Shared, launch};
 use crate::state::State;
 
 pub use crate::config::{
-    ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW, DEFAULT_GATHER_THRESHOLD, EngineConfig, Progress,
+    ASSISTED_ACK_HOLD, ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW, DEFAULT_GATHER_THRESHOLD,
+    EngineConfig, Progress,
 };
 pub use crate::keeper::{KEEPER_HOLD, TAKEOVER_AWAY};
 pub use crate::state::{EngineStats, NewConnection, PdId, PostFailed, SEND_HEADROOM, WriteZone};
@@ -196,11 +197,17 @@ impl Engine {
     /// [`EngineConfig::hold_acks`], a bound on holds that the next poll ends.
     pub fn ack_hold_for(&self, configured: Duration) -> Duration {
         // Holds need a next call to end them early: caller mode's polls, or an assisting
-        // application's (see `Shared::progress`).
-        if self.polls_progress() && self.config.hold_acks {
-            configured.max(CALLER_ACK_HOLD)
-        } else {
+        // application's (see `Shared::progress`). Assisted, nothing else ends them (caller
+        // mode's keeper sends them once the application has gone), so they are short: a target
+        // that never polls (perftest's bandwidth servers) held the acknowledgement of each
+        // burst's last message for a millisecond, as long as the sender's first
+        // retransmission timeout, and the sender resent the burst.
+        if !self.config.hold_acks || !self.polls_progress() {
             configured
+        } else if self.shared.is_assisted() {
+            configured.max(ASSISTED_ACK_HOLD)
+        } else {
+            configured.max(CALLER_ACK_HOLD)
         }
     }
 }

@@ -502,6 +502,10 @@ impl DatagramIo for FaultyIo {
     fn set_peer(&mut self, peer: Option<SocketAddr>) -> io::Result<()> {
         self.inner.set_peer(peer)
     }
+
+    fn peer(&self) -> Option<SocketAddr> {
+        self.inner.peer()
+    }
 }
 
 #[cfg(test)]
@@ -693,6 +697,9 @@ mod tests {
         }
         fn set_peer(&mut self, _peer: Option<SocketAddr>) -> io::Result<()> {
             Ok(())
+        }
+        fn peer(&self) -> Option<SocketAddr> {
+            None
         }
     }
 }

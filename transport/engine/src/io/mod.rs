@@ -362,6 +362,11 @@ pub trait DatagramIo: Send + std::fmt::Debug {
     /// it then leave without an address, on the route the kernel cached), or with `None`
     /// returns it to accepting any address.
     fn set_peer(&mut self, peer: Option<SocketAddr>) -> io::Result<()>;
+
+    /// The peer the last [`Self::set_peer`] on this backend named. Two backends over one
+    /// socket (assisted thread mode) each know only their own: the state compares it with the
+    /// association it wants before every transmit pass (see `State::apply_bindings`).
+    fn peer(&self) -> Option<SocketAddr>;
 }
 
 /// Opens the backend `preferred` on `socket`; io_uring falls back to sockets when the kernel

@@ -60,6 +60,8 @@ pub struct PacketIo {
     neighbours: Neighbours<KernelTable>,
     /// Datagrams dropped, and whether a filter's drop was reported.
     failures: SendFailures,
+    /// The last peer named (nothing is connected: see `set_peer`).
+    peer: Option<SocketAddr>,
 }
 
 /// The receive ring: `frames` frames of `frame_size` bytes, mapped from the socket.
@@ -296,6 +298,7 @@ impl PacketIo {
             local,
             neighbours: Neighbours::new(KernelTable { ifname }, loopback),
             failures: SendFailures::default(),
+            peer: None,
         })
     }
 
@@ -480,6 +483,11 @@ impl DatagramIo for PacketIo {
         if let Some(SocketAddr::V4(p)) = peer {
             self.mac_for(p);
         }
+        self.peer = peer;
         Ok(())
+    }
+
+    fn peer(&self) -> Option<SocketAddr> {
+        self.peer
     }
 }

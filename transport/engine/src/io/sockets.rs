@@ -437,4 +437,8 @@ impl DatagramIo for SocketIo {
         self.peer = peer;
         Ok(())
     }
+
+    fn peer(&self) -> Option<SocketAddr> {
+        self.peer
+    }
 }

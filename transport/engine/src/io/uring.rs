@@ -1033,6 +1033,10 @@ impl DatagramIo for UringIo {
         self.peer = peer;
         Ok(())
     }
+
+    fn peer(&self) -> Option<SocketAddr> {
+        self.peer
+    }
 }
 
 impl UringIo {
