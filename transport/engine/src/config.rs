@@ -125,10 +125,11 @@ pub const ASSISTED_POST_BATCH: u32 = 32;
 /// waits elsewhere while its peer streams one-sided operations into it, like perftest's
 /// bandwidth servers), the engine thread is the only thread of the process working the link.
 /// It then busy-polls for [`ASSISTED_QUIET_SPIN`] after each pass that did something (at
-/// least; [`EngineConfig::spin`] when longer), so that a stream's datagrams find it awake
-/// rather than each paying, on the sender's CPU, for a wake-up. While the application calls,
-/// its own thread is the process's busy one, and a second spinner would only take the core
-/// the peer needs on a small host (see [`EngineConfig::spin`]).
+/// least; [`EngineConfig::spin`] when longer), yielding the core between passes, so that a
+/// stream's datagrams find it awake rather than each paying, on the sender's CPU, for a
+/// wake-up. While the application calls, its own thread is the process's busy one, and a
+/// second spinner would only take the core the peer needs on a small host (see
+/// [`EngineConfig::spin`]).
 pub const ASSISTED_QUIET_AFTER: Duration = Duration::from_millis(1);
 
 /// Assisted thread mode: the engine thread's spin while the application is quiet (see

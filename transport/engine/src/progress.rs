@@ -672,8 +672,17 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
             last_busy = Instant::now();
             continue;
         }
-        if last_busy.elapsed() < shared.spin_after_busy(config.spin) {
+        let since_busy = last_busy.elapsed();
+        if since_busy < config.spin {
             std::hint::spin_loop();
+            continue;
+        }
+        if since_busy < shared.spin_after_busy(config.spin) {
+            // The quiet application's spin (`ASSISTED_QUIET_SPIN`) yields the core between
+            // passes: "no call for 1 ms" is also what an application thread that is runnable
+            // but descheduled looks like, and on a small host this spin must not keep it off
+            // the core. With nothing else runnable here the yield returns at once.
+            std::thread::yield_now();
             continue;
         }
         // Announce the sleep, then look once more: a post that raced with the announcement is

@@ -4,7 +4,8 @@
 //! memory and posts replies, is served by its engine thread; a burst of posts longer than the
 //! poll window still leaves in batches; a quiet target's engine thread receives a stream
 //! awake; one device's two sets of backends keep sending when its socket is connected to one
-//! peer and then disconnected for a second. Loopback, no root.
+//! peer and then disconnected for a second; an idle pair keeps no core busy. Loopback, no
+//! root.
 
 use std::time::{Duration, Instant};
 
@@ -304,6 +305,36 @@ fn one_device_sends_to_one_peer_then_to_two() {
             "{name} peer: the client sent {sent:?}, the server received {received:?}"
         );
     }
+}
+
+/// An assisted pair left alone for 2 s (no call; keep-alives only) keeps no core busy: a
+/// quiet engine thread spins only after passes that did something, and a wake-up that finds
+/// nothing to do does not spin.
+#[test]
+fn an_idle_pair_keeps_no_core_busy() {
+    let _serial = serial();
+    let (server, client) = pair();
+    write(&client, 0, 0, server.mr.remote(0), 8);
+    poll_n(&client.cq, 1);
+    let (cpu_before, since) = (cpu_time(), Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    let (cpu, idle) = (cpu_time() - cpu_before, since.elapsed());
+    assert!(
+        cpu < idle / 4,
+        "{cpu:?} of CPU in {idle:?} with both sides idle"
+    );
+    write(&client, 1, 0, server.mr.remote(0), 8);
+    poll_n(&client.cq, 1);
+}
+
+/// User and system time of this process.
+fn cpu_time() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let usage = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
+    let time = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
+    };
+    time(usage.user_time()) + time(usage.system_time())
 }
 
 /// A ping-pong of WRITEs in which the server never polls: it reads its memory for the
