@@ -277,16 +277,14 @@ impl Shared {
         }
         let from = self.assisted_window_from.load(Ordering::SeqCst);
         let open = from != 0 && now.saturating_sub(from) < ASSISTED_POLL_WINDOW.as_nanos() as u64;
-        // (The exchange leaves a hand-over's 0, see `progress`, in place.)
-        let restart = |at: u64| {
-            let _ = self.assisted_window_from.compare_exchange(
-                from,
-                at,
-                Ordering::SeqCst,
-                Ordering::Relaxed,
-            );
-        };
-        restart(now);
+        // The window runs from this post (the exchange leaves a hand-over's 0, see `progress`,
+        // in place).
+        let _ = self.assisted_window_from.compare_exchange(
+            from,
+            now,
+            Ordering::SeqCst,
+            Ordering::Relaxed,
+        );
         let queued = if open {
             self.posts_since_poll.fetch_add(1, Ordering::Relaxed)
         } else {
@@ -298,6 +296,7 @@ impl Shared {
         if queued % ASSISTED_POST_BATCH != 0 {
             self.note_app_call(Time(now));
             let mut state = self.lock();
+            // (Read again under the lock: the protocol's deadlines start from it.)
             let now = self.now();
             return self.failure.contain(&mut state, |state| Ok(f(state, now)));
         }
