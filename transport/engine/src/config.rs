@@ -54,8 +54,9 @@ pub struct EngineConfig {
     /// Socket receive and send buffer size to ask for.
     pub socket_buffer: usize,
     /// Caller mode, and thread mode when assisted ([`Self::assist`]): hold the acknowledgement
-    /// of a just-completed message until the application's next poll, so that a reply posted
-    /// in between carries it. The keeper thread (caller mode) or the hold's own deadline (1 ms,
+    /// of a just-completed message for a reply to carry, on its queue pair or on another to
+    /// the same peer (see the module docs of `worker.rs` for when a hold ends). The keeper
+    /// thread (caller mode) or the hold's own deadline (250 µs in caller mode, 100 µs assisted,
     /// run by the engine thread) bounds the hold when the application stops calling.
     pub hold_acks: bool,
     /// Caller mode: period of the keeper's alarm (see the engine docs, `keeper.rs`); held acknowledgements

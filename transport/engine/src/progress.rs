@@ -84,6 +84,9 @@ pub(crate) struct Shared {
     /// Assisted thread mode: the engine thread is waiting on its doorbell only, leaving the
     /// sockets to the application's polls.
     standing_aside: AtomicBool,
+    /// Caller mode: the application's last poll found nothing to do. The next poll then ends
+    /// the acknowledgement holds (see [`Shared::progress`]).
+    caller_poll_was_idle: AtomicBool,
 }
 
 impl Shared {
@@ -111,6 +114,7 @@ impl Shared {
             last_app_call: AtomicU64::new(0),
             posts_since_poll: AtomicU32::new(0),
             standing_aside: AtomicBool::new(false),
+            caller_poll_was_idle: AtomicBool::new(true),
         })
     }
 
@@ -331,7 +335,7 @@ impl Shared {
     }
 
     /// Caller mode: runs the loop once (receive, deadlines, transmit), first ending the
-    /// acknowledgement holds (this is the "next call" they were waiting for). Thread mode:
+    /// acknowledgement holds when the previous poll found nothing to do. Thread mode:
     /// runs it once if the application's threads assist ([`EngineConfig::assist`]), else
     /// nothing (the engine thread does it). Returns whether anything happened.
     pub(crate) fn progress(&self) -> io::Result<bool> {
@@ -389,8 +393,21 @@ impl Shared {
         self.with_rails(|state, rails, now| {
             // The keeper reads this to tell whether the application is still polling.
             self.keeper.note_poll(now);
-            state.release_held_acks();
-            state.run_once(rails, now)
+            // Holds end at the first poll after one that found nothing: the application is
+            // then waiting, so the reply a hold waits for is not being prepared. Ending them at
+            // every poll sent each ACK by itself whenever the reply went on another queue pair
+            // (NCCL's send and receive comms between two processes are two): the poll that
+            // completed a reply was followed by another (NCCL testing its send) before the next
+            // message was posted, and that poll sent the ACK alone, one more system call and
+            // one more datagram on the critical path. Now the next message to the peer carries
+            // it (`TxBatch::commit_coalescing`). Polls that are all busy leave a hold to its
+            // deadline (`CALLER_ACK_HOLD`).
+            if self.caller_poll_was_idle.load(Ordering::Relaxed) {
+                state.release_held_acks();
+            }
+            let busy = state.run_once(rails, now)?;
+            self.caller_poll_was_idle.store(!busy, Ordering::Relaxed);
+            Ok(busy)
         })
     }
 

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap as HashMap;
 use tbrdma_proto::connection::ConnectParams;
 use tbrdma_proto::memory::RegisterError;
+use tbrdma_proto::wire;
 use tbrdma_proto::{
     Access, Config, Connection, ConnectionState, Event, Memory, PostError, Queue, RecvWr, Region,
     RegionId, SendWr, Sge, Stats, Time,
@@ -51,6 +52,10 @@ pub struct EngineStats {
     /// transmit passes batch.
     pub send_batches: u64,
     pub datagrams_sent: u64,
+    /// Packets sent inside another packet's datagram (an ACK riding with another queue pair's
+    /// data to the same peer, see `TxBatch::commit_coalescing`), not counted in
+    /// `datagrams_sent`.
+    pub packets_coalesced: u64,
 }
 
 /// A protection domain of one engine: which arena its regions live in. Only the engine makes
@@ -237,7 +242,10 @@ impl State {
 
     /// Engine-wide counters.
     pub(crate) fn stats(&self) -> EngineStats {
-        self.stats
+        EngineStats {
+            packets_coalesced: self.tx.iter().map(TxBatch::coalesced).sum(),
+            ..self.stats
+        }
     }
 
     /// The engine thread goes to sleep.
@@ -604,16 +612,28 @@ impl State {
         let mut received = 0;
         for (rail, io) in rails.iter_mut().enumerate() {
             let lent = landing.is_some();
-            received += io.recv(landing, &mut |data: &[u8], from| {
-                let qpn = data
-                    .get(16..20)
-                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                match qpn.and_then(|q| conns.get_mut(&q)) {
-                    Some(slot) if slot.peers.get(rail) == Some(&from) => {
-                        slot.conn
-                            .handle_datagram_on(now, data, rail, &mut arenas[slot.pd]);
+            received += io.recv(landing, &mut |datagram: &[u8], from| {
+                // A datagram may hold several packets back to back (`TxBatch::commit_coalescing`),
+                // each for its own queue pair and checked on its own; a length that does not
+                // parse, or runs past the end, leaves the rest as one packet, which then fails
+                // to decode.
+                let mut rest = datagram;
+                while !rest.is_empty() {
+                    let len = wire::packet_len(rest)
+                        .filter(|&n| n < rest.len())
+                        .unwrap_or(rest.len());
+                    let (data, tail) = rest.split_at(len);
+                    rest = tail;
+                    let qpn = data
+                        .get(16..20)
+                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                    match qpn.and_then(|q| conns.get_mut(&q)) {
+                        Some(slot) if slot.peers.get(rail) == Some(&from) => {
+                            slot.conn
+                                .handle_datagram_on(now, data, rail, &mut arenas[slot.pd]);
+                        }
+                        _ => stats.foreign_datagrams += 1,
                     }
-                    _ => stats.foreign_datagrams += 1,
                 }
             })?;
             // A write placed into the zone (received there, or copied in) ends the loan, and
@@ -674,60 +694,7 @@ impl State {
         } = self;
         let gather_from = *gather_from;
         for slot in conns.values_mut() {
-            let arena = &arenas[slot.pd];
-            loop {
-                // Every batch needs a free buffer: the datagram's rail is known only after.
-                for (rail, batch) in tx.iter_mut().enumerate() {
-                    if batch.is_full() {
-                        stats.send_batches += 1;
-                        stats.datagrams_sent += batch.len() as u64;
-                        rails[rail].send(batch)?;
-                        sent = true;
-                    }
-                }
-                let (first, others) = tx.split_first_mut().expect("at least one rail");
-                let buf = first.next_buf().expect("a free buffer after sending");
-                let Some(t) = slot.conn.poll_transmit_gather(now, buf, arena, gather_from) else {
-                    break;
-                };
-                // A gathered datagram's payload is sent from its region, which the batch holds
-                // on to until the datagram has left.
-                let mut head_len = t.len;
-                let part = match t.payload {
-                    None => None,
-                    Some(p) => match arena.buffer(p.region) {
-                        Some(buffer)
-                            if slot.send_headroom
-                                && p.starts_request
-                                && t.len <= p.offset as usize =>
-                        {
-                            // The header goes in front of the payload, in the headroom the
-                            // application lent: one contiguous datagram in the region.
-                            let start = p.offset as usize - t.len;
-                            buffer.write(start, &buf[..t.len]);
-                            head_len = 0;
-                            Some(RegionPart::new(Arc::clone(buffer), start, t.len + p.len))
-                        }
-                        Some(buffer) => Some(RegionPart::new(
-                            Arc::clone(buffer),
-                            p.offset as usize,
-                            p.len,
-                        )),
-                        None => {
-                            // The region is gone (it cannot be while a request names it):
-                            // drop the datagram rather than send a short one; the protocol
-                            // resends or fails the request.
-                            tracing::debug!("payload region {:?} is gone", p.region);
-                            continue;
-                        }
-                    },
-                };
-                let path = t.path.min(slot.peers.len() - 1);
-                first.commit_parts(head_len, slot.peers[path], part);
-                if path > 0 {
-                    first.move_last_to(&mut others[path - 1]);
-                }
-            }
+            sent |= transmit(slot, &arenas[slot.pd], tx, rails, stats, now, gather_from)?;
             routed += route_completions(
                 slot,
                 landing,
@@ -740,6 +707,21 @@ impl State {
                 deadline = Some(deadline.map_or(t, |d| d.min(t)));
             }
             acks_held |= slot.conn.ack_held();
+        }
+        // An acknowledgement held for a reply on its own connection rides instead in a datagram
+        // this pass sends to the same peer on another one (see `TxBatch::commit_coalescing`),
+        // when there is room behind it: the reply it waited for may be that datagram.
+        if acks_held && !tx[0].is_empty() {
+            acks_held = false;
+            for slot in conns.values_mut() {
+                if slot.conn.ack_held() && tx[0].can_carry_ack(slot.peers[0], wire::MAX_ACK_LEN) {
+                    slot.conn.release_held_ack();
+                    sent |= transmit(slot, &arenas[slot.pd], tx, rails, stats, now, gather_from)?;
+                    // (The deadline taken above may be the hold's, now gone: waking for it
+                    // early is harmless.)
+                }
+                acks_held |= slot.conn.ack_held();
+            }
         }
         // Dropped queue pairs whose CLOSE is now in the batch leave the table, and their
         // requests that never completed stop counting as users of their regions (else the
@@ -873,6 +855,79 @@ fn route_completions(
         slot.events.push(event);
     }
     routed
+}
+
+/// Writes every datagram `slot`'s connection has to send into the rails' batches, sending a
+/// batch whenever it is full. A packet wholly in its buffer for the first rail may join a
+/// datagram already in the batch (see [`TxBatch::commit_coalescing`]). Returns whether a batch
+/// was sent.
+fn transmit(
+    slot: &mut Slot,
+    arena: &Arena,
+    tx: &mut [TxBatch],
+    rails: &mut [Box<dyn DatagramIo>],
+    stats: &mut EngineStats,
+    now: Time,
+    gather_from: usize,
+) -> io::Result<bool> {
+    let mut sent = false;
+    loop {
+        // Every batch needs a free buffer: the datagram's rail is known only after.
+        for (rail, batch) in tx.iter_mut().enumerate() {
+            if batch.is_full() {
+                stats.send_batches += 1;
+                stats.datagrams_sent += batch.len() as u64;
+                rails[rail].send(batch)?;
+                sent = true;
+            }
+        }
+        let (first, others) = tx.split_first_mut().expect("at least one rail");
+        let buf = first.next_buf().expect("a free buffer after sending");
+        let Some(t) = slot.conn.poll_transmit_gather(now, buf, arena, gather_from) else {
+            break;
+        };
+        // A gathered datagram's payload is sent from its region, which the batch holds
+        // on to until the datagram has left.
+        let mut head_len = t.len;
+        let part = match t.payload {
+            None => None,
+            Some(p) => match arena.buffer(p.region) {
+                Some(buffer)
+                    if slot.send_headroom && p.starts_request && t.len <= p.offset as usize =>
+                {
+                    // The header goes in front of the payload, in the headroom the
+                    // application lent: one contiguous datagram in the region.
+                    let start = p.offset as usize - t.len;
+                    buffer.write(start, &buf[..t.len]);
+                    head_len = 0;
+                    Some(RegionPart::new(Arc::clone(buffer), start, t.len + p.len))
+                }
+                Some(buffer) => Some(RegionPart::new(
+                    Arc::clone(buffer),
+                    p.offset as usize,
+                    p.len,
+                )),
+                None => {
+                    // The region is gone (it cannot be while a request names it):
+                    // drop the datagram rather than send a short one; the protocol
+                    // resends or fails the request.
+                    tracing::debug!("payload region {:?} is gone", p.region);
+                    continue;
+                }
+            },
+        };
+        let path = t.path.min(slot.peers.len() - 1);
+        match part {
+            None if path == 0 => first.commit_coalescing(head_len, slot.peers[0]),
+            part => {
+                first.commit_parts(head_len, slot.peers[path], part);
+                if path > 0 {
+                    first.move_last_to(&mut others[path - 1]);
+                }
+            }
+        }
+    }
+    Ok(sent)
 }
 
 /// Takes back the landing zone lent, if any, and stops watching it (its arena is `pd`'s).

@@ -8,9 +8,13 @@
 //! `keeper.rs`, the settings in `config.rs`.
 //!
 //! Acknowledgement hold (caller mode and assisted thread mode, [`EngineConfig::hold_acks`]):
-//! the ACK of a message whose completion was just delivered is not sent in that same call; the
-//! application's next poll sends it, unless a reply it posts first carries it. A ping-pong then
-//! costs one datagram each way instead of two (see docs/performance.md). Assisted, it also
+//! the ACK of a message whose completion was just delivered is not sent in that same call. The
+//! next datagram to the same peer carries it: a reply on the same queue pair in its header, one
+//! on another queue pair as a second packet in its datagram (`TxBatch::commit_coalescing`).
+//! Otherwise it goes at the application's next poll (assisted) or at its first poll after one
+//! that found nothing (caller mode: the application is then waiting, not preparing a reply),
+//! and at the latest at the end of the hold. A ping-pong then costs one datagram each way
+//! instead of two, also over two queue pairs (see docs/performance.md). Assisted, it also
 //! lets a memory-polling target's WRITE reply carry the ACK its peer's poll waits for, so the
 //! peer's own poll receives the reply: no engine thread is woken in a ping-pong.
 
@@ -36,9 +40,11 @@ pub use crate::config::{
 pub use crate::keeper::{KEEPER_HOLD, TAKEOVER_AWAY};
 pub use crate::state::{EngineStats, NewConnection, PdId, PostFailed, SEND_HEADROOM, WriteZone};
 
-/// Upper bound written into each connection's [`tbrdma_proto::Config::ack_hold`] in caller mode; in practice
-/// the next poll or the keeper releases the hold much sooner.
-const CALLER_ACK_HOLD: Duration = Duration::from_millis(1);
+/// Upper bound written into each connection's [`tbrdma_proto::Config::ack_hold`] in caller
+/// mode: a quarter of the smallest retransmission timeout, for an application whose polls are
+/// all busy (a stream on another queue pair); in practice a datagram to the peer, the first
+/// idle poll or the keeper ends the hold much sooner.
+const CALLER_ACK_HOLD: Duration = Duration::from_micros(250);
 
 /// A running engine on one UDP socket.
 #[derive(Debug)]

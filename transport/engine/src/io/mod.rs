@@ -183,7 +183,11 @@ pub struct TxBatch {
     lens: Vec<usize>,
     dests: Vec<SocketAddr>,
     parts: Vec<Option<RegionPart>>,
+    /// Whether datagram `i` holds nothing but ACK packets (see [`Self::commit_coalescing`]).
+    acks_only: Vec<bool>,
     used: usize,
+    /// Packets appended to a datagram already in the batch, over the batch's life.
+    coalesced: u64,
 }
 
 impl TxBatch {
@@ -196,7 +200,9 @@ impl TxBatch {
             lens: vec![0; slots],
             dests: vec![SocketAddr::from(([0, 0, 0, 0], 0)); slots],
             parts: vec![None; slots],
+            acks_only: vec![false; slots],
             used: 0,
+            coalesced: 0,
         }
     }
 
@@ -216,7 +222,60 @@ impl TxBatch {
         self.lens[self.used] = len;
         self.dests[self.used] = dest;
         self.parts[self.used] = part;
+        self.acks_only[self.used] = false;
         self.used += 1;
+    }
+
+    /// Marks the buffer from [`Self::next_buf`] as holding one whole `len`-byte packet for
+    /// `dest`, and puts it behind the last datagram for `dest` when that one is wholly in its
+    /// buffer, has room, and either it or this packet is nothing but acknowledgements;
+    /// otherwise it becomes a datagram of its own, as with [`Self::commit`]. So the ACK that one
+    /// connection owes rides in the datagram another connection sends to the same peer (NCCL
+    /// pairs a send and a receive queue pair between two processes, and each one's data is the
+    /// other's only reply). The receiver splits the datagram (`tbrdma_proto::wire::packet_len`).
+    /// Only the last datagram for `dest` is extended, so the peer gets its packets in the order
+    /// they were committed.
+    pub fn commit_coalescing(&mut self, len: usize, dest: SocketAddr) {
+        let is_ack = tbrdma_proto::wire::is_ack(&self.bufs[self.used][..len]);
+        if let Some(j) = self.last_for(dest)
+            && (is_ack || self.acks_only[j])
+            && self.room_in(j) >= len
+        {
+            let (earlier, next) = self.bufs.split_at_mut(self.used);
+            earlier[j][self.lens[j]..self.lens[j] + len].copy_from_slice(&next[0][..len]);
+            self.lens[j] += len;
+            self.acks_only[j] &= is_ack;
+            self.coalesced += 1;
+            return;
+        }
+        self.commit(len, dest);
+        self.acks_only[self.used - 1] = is_ack;
+    }
+
+    /// Whether [`Self::commit_coalescing`] would put an ACK of `len` bytes for `dest` into a
+    /// datagram already in the batch.
+    pub fn can_carry_ack(&self, dest: SocketAddr, len: usize) -> bool {
+        self.last_for(dest).is_some_and(|j| self.room_in(j) >= len)
+    }
+
+    /// Packets that [`Self::commit_coalescing`] put into a datagram already in the batch, over
+    /// the batch's life.
+    pub fn coalesced(&self) -> u64 {
+        self.coalesced
+    }
+
+    /// The last datagram for `dest`, if any.
+    fn last_for(&self, dest: SocketAddr) -> Option<usize> {
+        (0..self.used).rev().find(|&j| self.dests[j] == dest)
+    }
+
+    /// Bytes that can still go behind datagram `j`: none when part of it is in a region.
+    fn room_in(&self, j: usize) -> usize {
+        if self.parts[j].is_some() || self.lens[j] == 0 {
+            0
+        } else {
+            self.bufs[j].len() - self.lens[j]
+        }
     }
 
     /// Moves the datagram committed last into `other` (another rail's batch), swapping buffers
@@ -479,6 +538,66 @@ mod tests {
         assert_eq!(Arc::strong_count(&buffer), 1, "clear lets go of the region");
         first.clear();
         assert!(first.is_empty() && other.is_empty());
+    }
+
+    /// A packet of `len` bytes whose opcode byte is `opcode` (all `is_ack` looks at).
+    fn packet(opcode: tbrdma_proto::wire::Opcode, fill: u8, len: usize) -> Vec<u8> {
+        let mut p = vec![fill; len];
+        p[3] = opcode as u8;
+        p
+    }
+
+    fn commit_coalescing(batch: &mut TxBatch, bytes: &[u8], dest: SocketAddr) {
+        batch.next_buf().expect("room")[..bytes.len()].copy_from_slice(bytes);
+        batch.commit_coalescing(bytes.len(), dest);
+    }
+
+    #[test]
+    fn acknowledgements_join_the_last_datagram_for_their_peer_and_nothing_else_does() {
+        use tbrdma_proto::wire::Opcode::{Ack, Send};
+        let (a, b): (SocketAddr, SocketAddr) =
+            ("10.0.0.1:1".parse().unwrap(), "10.0.0.2:2".parse().unwrap());
+        let mut batch = TxBatch::new(8, 256);
+        let data_a = packet(Send, 1, 100);
+        let ack_a = packet(Ack, 2, 40);
+        commit_coalescing(&mut batch, &data_a, a);
+        // An ACK rides behind the data for its peer, not behind another peer's.
+        commit_coalescing(&mut batch, &packet(Send, 3, 50), b);
+        assert!(batch.can_carry_ack(a, 40));
+        commit_coalescing(&mut batch, &ack_a, a);
+        assert_eq!(batch.len(), 2);
+        assert_eq!(
+            batch.get(0),
+            (&[data_a.clone(), ack_a.clone()].concat()[..], a)
+        );
+        // Two data packets stay apart...
+        let more_a = packet(Send, 4, 60);
+        commit_coalescing(&mut batch, &more_a, a);
+        assert_eq!(batch.len(), 3);
+        // ...but data may follow a datagram of ACKs only, and then nothing but ACKs joins it.
+        let c: SocketAddr = "10.0.0.3:3".parse().unwrap();
+        let ack_c = packet(Ack, 6, 40);
+        let data_c = packet(Send, 7, 100);
+        commit_coalescing(&mut batch, &ack_c, c);
+        commit_coalescing(&mut batch, &data_c, c);
+        assert_eq!(batch.len(), 4);
+        assert_eq!(batch.get(3), (&[ack_c, data_c].concat()[..], c));
+        commit_coalescing(&mut batch, &packet(Send, 8, 10), c);
+        assert_eq!(batch.len(), 5, "data behind data stays apart");
+        // No room: a datagram of its own.
+        assert!(!batch.can_carry_ack(a, 200));
+        commit_coalescing(&mut batch, &packet(Ack, 9, 200), a);
+        assert_eq!(batch.len(), 6);
+        assert_eq!(batch.coalesced(), 2);
+        // Never behind a datagram whose payload is in a region.
+        let buffer = region(4096);
+        let mut batch = TxBatch::new(4, 256);
+        batch.next_buf().unwrap()[..10].copy_from_slice(&[1; 10]);
+        batch.commit_parts(10, a, Some(RegionPart::new(buffer, 0, 1000)));
+        assert!(!batch.can_carry_ack(a, 40));
+        commit_coalescing(&mut batch, &ack_a, a);
+        assert_eq!(batch.len(), 2);
+        assert_eq!(batch.coalesced(), 0);
     }
 
     #[test]

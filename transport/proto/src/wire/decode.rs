@@ -247,6 +247,27 @@ pub struct WriteTarget {
     pub payload_len: usize,
 }
 
+/// The length of the packet at the front of `bytes`, as its common header declares it: the
+/// common header, the extension header its opcode fixes, and the payload. Only the magic, the
+/// version and the opcode are looked at (the CRC and everything else are [`decode`]'s to check),
+/// so the length may exceed `bytes`. A datagram may carry several packets back to back
+/// (docs/wire-format.md, "Several packets in one datagram"); the receiver splits it with this
+/// and decodes each packet on its own.
+pub fn packet_len(bytes: &[u8]) -> Option<usize> {
+    let head = bytes.get(..COMMON_HEADER_LEN)?;
+    if head[..2] != MAGIC || head[2] != VERSION {
+        return None;
+    }
+    let opcode = Opcode::from_u8(head[3])?;
+    Some(COMMON_HEADER_LEN + opcode.ext_len() + usize::from(u16_at(head, 30)?))
+}
+
+/// Whether the packet at the front of `bytes` is an acknowledgement (ACK), which a sender may
+/// put in the same datagram as another packet for the same peer (see [`packet_len`]).
+pub fn is_ack(bytes: &[u8]) -> bool {
+    bytes.len() >= COMMON_HEADER_LEN && bytes[3] == Opcode::Ack as u8
+}
+
 /// Reads [`WriteTarget`] from the first [`super::MAX_HEADER_LEN`] bytes of a datagram, checking
 /// nothing but the magic, version and opcode (not the CRC, which covers bytes not looked at):
 /// for choosing where a datagram is received, never for believing anything about it, which

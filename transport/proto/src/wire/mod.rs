@@ -9,7 +9,7 @@ mod decode;
 mod encode;
 mod opcode;
 
-pub use decode::{DecodeError, Packet, WriteTarget, decode, peek_write_target};
+pub use decode::{DecodeError, Packet, WriteTarget, decode, is_ack, packet_len, peek_write_target};
 pub use encode::{crc_of, crc_of_parts, seal, seal_parts, write_header};
 pub use opcode::{ErrorCode, NakCode, Opcode};
 
@@ -27,6 +27,8 @@ pub const MAX_EXT_LEN: usize = 40;
 pub const MAX_HEADER_LEN: usize = COMMON_HEADER_LEN + MAX_EXT_LEN;
 /// Most selective-acknowledgement blocks one ACK carries.
 pub const MAX_SACK_BLOCKS: usize = 16;
+/// Longest ACK packet: common header, extension, every selective block.
+pub const MAX_ACK_LEN: usize = COMMON_HEADER_LEN + 8 + MAX_SACK_BLOCKS * 8;
 /// Byte range of the CRC field inside the common header.
 pub const CRC_RANGE: std::ops::Range<usize> = 4..8;
 

@@ -250,3 +250,40 @@ fn peek_write_target_reads_what_write_header_wrote_and_nothing_else() {
         }
     }
 }
+
+/// Packets back to back in one datagram are found by their declared lengths, each of which
+/// `decode` then accepts alone; `is_ack` tells an ACK from the rest.
+#[test]
+fn packet_len_splits_packets_that_share_a_datagram() {
+    let samples = sample_exts();
+    let mut datagram = Vec::new();
+    for (ext, payload) in &samples {
+        datagram.extend_from_slice(&encode(ext, payload));
+    }
+    let mut rest = &datagram[..];
+    for (ext, payload) in &samples {
+        let len = packet_len(rest).expect("a packet at the front");
+        let (packet, tail) = rest.split_at(len);
+        assert_eq!(packet, &encode(ext, payload)[..]);
+        let decoded = decode(packet).expect("each packet decodes alone");
+        assert_eq!(decoded.ext, *ext);
+        assert_eq!(is_ack(packet), ext.opcode() == Opcode::Ack);
+        rest = tail;
+    }
+    assert!(rest.is_empty());
+    // What is not a packet's start has no length; a truncated one's runs past the end.
+    assert_eq!(packet_len(&[0u8; 40]), None);
+    assert_eq!(packet_len(&datagram[..31]), None);
+    let first = encode(&samples[0].0, &samples[0].1);
+    assert_eq!(packet_len(&first[..33]), Some(first.len()));
+}
+
+proptest! {
+    #[test]
+    fn packet_len_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        if let Some(n) = packet_len(&bytes) {
+            prop_assert!(n >= COMMON_HEADER_LEN);
+        }
+        let _ = is_ack(&bytes);
+    }
+}
