@@ -13,8 +13,10 @@
 //!   exported `ncclNetPlugin_v10` table as NCCL's proxy thread does: both ranks listen and
 //!   connect, every buffer registered with `regMr`, `irecv` posted ahead with the full slot
 //!   size, only the oldest request `test`ed, every `isend` retried while NULL. It measures the
-//!   8 B round trip (rank 0 sends, rank 1 answers) and a stream of 4 MiB messages with 8 in
-//!   flight (rank 1 answers the last one with 8 B, so the time covers delivery), with the
+//!   8 B round trip (rank 0 sends, rank 1 answers, then posts its next receive, in the order
+//!   of the verbs ping-pong's server) and a stream of as many 4 MiB messages as `tbrdma bw`
+//!   sends, 8 in flight (rank 1 answers the last one with 8 B, so the time covers delivery),
+//!   into buffers written once beforehand, as NCCL's pinned ones are, with the
 //!   plugin's default settings and then each `--variant` (environment assignments, such as
 //!   `thread=TBRDMA_PROGRESS=thread`).
 //!
@@ -50,7 +52,7 @@ const USAGE: &str = "usage: pluginbench [--rounds N] [--iters N] [--recv-slots N
 /// 8 B round trips per plugin run (and per verbs ping-pong).
 const LAT_ITERS: usize = 5000;
 /// 4 MiB messages per bandwidth run.
-const BW_MESSAGES: usize = 150;
+const BW_MESSAGES: usize = 1200;
 const BW_SIZE: usize = 4 << 20;
 /// Messages in flight in the bandwidth run (NCCL keeps up to 8 steps of a channel in flight, NCCL_STEPS).
 const BW_DEPTH: usize = 8;
@@ -250,8 +252,11 @@ fn connect_rank(oob: &mut TcpStream, recv_slots: usize) -> anyhow::Result<Rank> 
     check("closeListen", unsafe {
         NET.close_listen.expect("closeListen")(listen)
     })?;
+    // NCCL's buffers come from cudaHostAlloc / hipHostMalloc: pinned, every page present.
+    // Both are written here so that no page is first touched (faulted in and zeroed) inside
+    // the timed stream, as a zeroed allocation would be.
     let mut sbuf = vec![1u8; BW_SIZE];
-    let mut rbuf = vec![0u8; BW_SIZE * recv_slots];
+    let mut rbuf = vec![0xa5u8; BW_SIZE * recv_slots];
     let (mut smh, mut rmh) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: live comms; the buffers stay registered (and allocated, in the Rank) until
     // the process exits.
@@ -337,8 +342,10 @@ fn pong(rank: &mut Rank, iters: usize) -> anyhow::Result<()> {
         if got != 8 {
             bail!("a ping of {got} bytes, not 8");
         }
-        pending = rank.irecv(0)?;
+        // Answer first, then post the next receive, as the verbs ping-pong's server does (a
+        // ping that comes first waits in a bounce buffer).
         let s = rank.isend(8)?;
+        pending = rank.irecv(0)?;
         wait(s)?;
     }
     // `pending` is the stream's first receive; keep BW_DEPTH posted, test the oldest.
@@ -510,7 +517,17 @@ fn verbs_run(options: &Options, lab: &Lab, port: u16) -> anyhow::Result<Figures>
     client.splice(at..at + 2, [lab.address(0)]);
     let lat = json_line(&run_pair(lab, [server, client], [vec![], vec![]], 1)?)?;
     let mut server = common("bw");
-    server.extend(["--size", "4194304", "-n", "300", "--bind"].map(String::from));
+    // The same bytes as the plugin's stream.
+    server.extend(
+        [
+            "--size",
+            "4194304",
+            "-n",
+            &BW_MESSAGES.to_string(),
+            "--bind",
+        ]
+        .map(String::from),
+    );
     server.push(lab.address(0));
     let mut client = server.clone();
     let at = client.iter().position(|a| a == "--bind").expect("bind");
@@ -605,9 +622,9 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     );
     println!(
         "# verbs: tbrdma pingpong --op send --size 8 -n {} (round trip = 2 x one-way) and \
-         tbrdma bw --size 4194304 -n 300, CLI defaults; plugin: {} round trips of 8 B, {} \
+         tbrdma bw --size 4194304 -n {}, CLI defaults; plugin: {} round trips of 8 B, {} \
          messages of 4 MiB with {} in flight into {} distinct receive slots",
-        options.iters, options.iters, BW_MESSAGES, BW_DEPTH, options.recv_slots
+        options.iters, BW_MESSAGES, options.iters, BW_MESSAGES, BW_DEPTH, options.recv_slots
     );
     let mut variants: Vec<(String, Vec<(String, String)>)> = vec![("default".into(), vec![])];
     variants.extend(options.variants.iter().cloned());
