@@ -129,11 +129,17 @@ impl End {
     }
 
     fn isend(&mut self, at: usize, len: usize) -> usize {
+        let req = self.try_isend(at, len);
+        req.unwrap_or_else(|code| panic!("isend returned {code}"))
+    }
+
+    /// Sends `len` bytes at `at`: the request, or the error code.
+    fn try_isend(&mut self, at: usize, len: usize) -> Result<usize, i32> {
         let t = Instant::now();
         loop {
             let mut req: *mut c_void = std::ptr::null_mut();
             // SAFETY: a live send comm and registration; the bytes lie in `buf`.
-            ok("isend", unsafe {
+            let code = unsafe {
                 NET.isend.expect("isend")(
                     self.comm as *mut c_void,
                     self.buf[at..].as_mut_ptr().cast(),
@@ -143,9 +149,12 @@ impl End {
                     std::ptr::null_mut(),
                     &mut req,
                 )
-            });
+            };
+            if code != 0 {
+                return Err(code);
+            }
             if !req.is_null() {
-                return req as usize;
+                return Ok(req as usize);
             }
             assert!(t.elapsed() < HANG, "isend hung");
         }
@@ -511,7 +520,14 @@ fn role_engine_panics() {
                 break;
             }
         };
-        let sr = tx.isend(0, len);
+        // (The engine's failure may surface in `isend` itself, which polls it.)
+        let sr = match tx.try_isend(0, len) {
+            Ok(sr) => sr,
+            Err(code) => {
+                failed = Some(format!("isend of message {m}: {code}"));
+                break;
+            }
+        };
         if let Err(code) = wait(rr) {
             failed = Some(format!("receive of message {m}: {code}"));
             let _ = wait(sr);

@@ -400,10 +400,15 @@ impl Shared {
             // completed a reply was followed by another (NCCL testing its send) before the next
             // message was posted, and that poll sent the ACK alone, one more system call and
             // one more datagram on the critical path. Now the next message to the peer carries
-            // it (`TxBatch::commit_coalescing`). Polls that are all busy leave a hold to its
-            // deadline (`CALLER_ACK_HOLD`).
+            // it (`TxBatch::commit_coalescing`). A connection with a send of its own still
+            // unacknowledged ends its hold at the next poll, as before: in an exchange both
+            // ways (a two-rank all-reduce), the peer's ACK of that send may be waiting for
+            // this one. Polls that are all busy leave a hold to its deadline
+            // (`CALLER_ACK_HOLD`).
             if self.caller_poll_was_idle.load(Ordering::Relaxed) {
                 state.release_held_acks();
+            } else {
+                state.release_held_acks_of_waiting();
             }
             let busy = state.run_once(rails, now)?;
             self.caller_poll_was_idle.store(!busy, Ordering::Relaxed);

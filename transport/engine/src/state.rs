@@ -544,6 +544,24 @@ impl State {
         }
     }
 
+    /// Ends the holds of the connections that wait for an acknowledgement themselves (a send
+    /// not yet completed): in an exchange both ways on one queue pair, each side's ACK may be
+    /// what the other's reply waits for, so neither waits for a reply. The others keep theirs.
+    pub(crate) fn release_held_acks_of_waiting(&mut self) {
+        if !self.acks_held {
+            return;
+        }
+        let mut still_held = false;
+        for slot in self.conns.values_mut() {
+            if slot.conn.ack_held() && slot.conn.outstanding_sends() > 0 {
+                slot.conn.release_held_ack();
+                self.dirty = true;
+            }
+            still_held |= slot.conn.ack_held();
+        }
+        self.acks_held = still_held;
+    }
+
     /// Lends the engine a landing zone (see [`Landing`]) for queue pair `landing.qpn`, whose
     /// application has seen `seen` of its receive completions, in protection domain `pd`.
     /// Refused (returns false) when that count is behind the engine's (writes the application
