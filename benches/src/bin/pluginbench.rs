@@ -25,7 +25,8 @@
 //! working set of `tbrdma bw`, which writes every message into one 4 MiB target, so that the
 //! two differ only in the plugin (docs/performance.md).
 //!
-//! It prints each figure's median over the rounds and the ratios against the verbs baseline
+//! The verbs baseline runs first in even rounds and last in odd ones. It prints each figure's
+//! median over the rounds and the ratios against the verbs baseline
 //! computed within each round, with the verdicts for the default settings: round trip
 //! at most 1.3x, bandwidth at least 0.9x.
 //!
@@ -633,11 +634,20 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     let mut port = 23_000u16;
     for round in 0..options.rounds {
         eprintln!("round {} of {}", round + 1, options.rounds);
-        port += 10;
-        verbs.push(verbs_run(options, &lab, port)?);
+        // The baseline runs first in even rounds and last in odd ones, so that a host that
+        // slows down under sustained load (or speeds up after a pause) favours neither side.
+        let baseline_first = round % 2 == 0;
+        if baseline_first {
+            port += 10;
+            verbs.push(verbs_run(options, &lab, port)?);
+        }
         for (i, (_, env)) in variants.iter().enumerate() {
             port += 10;
             plugin[i].push(plugin_run(options, &lab, port, env)?);
+        }
+        if !baseline_first {
+            port += 10;
+            verbs.push(verbs_run(options, &lab, port)?);
         }
     }
     let show = |label: &str, f: &[Figures]| {
