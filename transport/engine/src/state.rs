@@ -39,7 +39,8 @@ pub const SEND_HEADROOM: usize = tbrdma_proto::wire::MAX_HEADER_LEN;
 /// Engine-wide counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineStats {
-    /// Datagrams for no known queue pair, or from an address other than its peer.
+    /// Packets for no known queue pair, or from an address other than its peer (each packet
+    /// of a datagram that holds several counts on its own).
     pub foreign_datagrams: u64,
     /// Loop iterations that moved something.
     pub busy_iterations: u64,
