@@ -255,6 +255,40 @@ fn datagrams_from_strangers_are_dropped() {
     write_from_each(&server_dev, &target, &clients, 0);
 }
 
+/// A datagram of several packets back to back is split, and each packet is judged alone: a
+/// stranger's packets, each naming a live queue pair, are each dropped as foreign (a first
+/// packet that passed would not carry the rest with it), and bytes after the last whole packet
+/// count as one more. The real connections carry on.
+#[test]
+fn each_packet_of_a_strangers_datagram_is_dropped_on_its_own() {
+    let (server_dev, target, clients) = server_with_clients(2);
+    let qpn = clients[0].4.qp.qp_num();
+    let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    // Three ACK-shaped packets (40 bytes: a common header and an 8-byte extension), then 7
+    // bytes of garbage.
+    let mut packet = [0u8; 40];
+    packet[0..2].copy_from_slice(b"tB");
+    packet[2] = 1;
+    packet[3] = tbrdma_proto::wire::Opcode::Ack as u8;
+    packet[16..20].copy_from_slice(&qpn.to_le_bytes());
+    let mut forged = packet.repeat(3);
+    forged.extend_from_slice(&[0xee; 7]);
+    let before = server_dev.engine_stats().foreign_datagrams;
+    for _ in 0..5 {
+        stranger.send_to(&forged, server_dev.data_addr()).unwrap();
+    }
+    let start = Instant::now();
+    while server_dev.engine_stats().foreign_datagrams < before + 20 {
+        server_dev.progress().unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{} of 20 packets counted as foreign",
+            server_dev.engine_stats().foreign_datagrams - before
+        );
+    }
+    write_from_each(&server_dev, &target, &clients, 0);
+}
+
 /// A server device and `n` client devices (each its own peer address), each connected to it.
 type Client = (Device, CompletionQueue, MemoryRegion, Connected, Connected);
 
