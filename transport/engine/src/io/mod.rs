@@ -271,7 +271,7 @@ impl TxBatch {
 
     /// Bytes that can still go behind datagram `j`: none when part of it is in a region.
     fn room_in(&self, j: usize) -> usize {
-        if self.parts[j].is_some() || self.lens[j] == 0 {
+        if self.parts[j].is_some() {
             0
         } else {
             self.bufs[j].len() - self.lens[j]

@@ -28,7 +28,7 @@ pub const MAX_HEADER_LEN: usize = COMMON_HEADER_LEN + MAX_EXT_LEN;
 /// Most selective-acknowledgement blocks one ACK carries.
 pub const MAX_SACK_BLOCKS: usize = 16;
 /// Longest ACK packet: common header, extension, every selective block.
-pub const MAX_ACK_LEN: usize = COMMON_HEADER_LEN + 8 + MAX_SACK_BLOCKS * 8;
+pub const MAX_ACK_LEN: usize = COMMON_HEADER_LEN + Opcode::Ack.ext_len() + MAX_SACK_BLOCKS * 8;
 /// Byte range of the CRC field inside the common header.
 pub const CRC_RANGE: std::ops::Range<usize> = 4..8;
 

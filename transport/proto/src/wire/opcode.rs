@@ -66,7 +66,7 @@ impl Opcode {
     }
 
     /// Size of this opcode's extension header.
-    pub fn ext_len(self) -> usize {
+    pub const fn ext_len(self) -> usize {
         match self {
             Opcode::Send | Opcode::ReadResponse => 24,
             Opcode::Write | Opcode::WriteWithImm => 40,
