@@ -278,6 +278,14 @@ pub trait Memory {
     fn read(&self, region: RegionId, offset: u64, out: &mut [u8]);
     /// Copies `data` into `region` at `offset`.
     fn write(&mut self, region: RegionId, offset: u64, data: &[u8]);
+    /// Copies `data`, one packet's payload of an incoming message of `message_len` bytes, into
+    /// `region` at `offset`. The core places every message through this, so that the memory
+    /// can pick how to store by the size of the whole message (the engine stores the parts of
+    /// large ones past the caches). The default is [`Self::write`].
+    fn place(&mut self, region: RegionId, offset: u64, data: &[u8], message_len: u64) {
+        let _ = message_len;
+        self.write(region, offset, data);
+    }
     /// Whether the bytes of `region` are still there. They may outlive its keys (requests
     /// that name a deregistered region keep it), but once they are gone, [`Self::read`]
     /// copies nothing and [`Self::with_bytes`] lends nothing.

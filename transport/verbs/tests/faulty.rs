@@ -9,7 +9,13 @@ use std::time::{Duration, Instant};
 use tbrdma_engine::io::faults::{FaultPlan, injected};
 use tbrdma_verbs::*;
 
-const REGION: usize = 1 << 20;
+const REGION: usize = 8 << 20;
+// Where each operation of the test puts its bytes: odd offsets, far enough apart for the
+// largest size.
+const AT_WRITE: usize = 100;
+const AT_WRITE_IMM: usize = 2_000_003;
+const AT_SEND: usize = 4_000_005;
+const AT_READ: usize = 6_000_007;
 
 fn faulty(seed: u64, assisted: bool) -> DeviceConfig {
     let plan = FaultPlan::parse(&format!(
@@ -156,7 +162,17 @@ fn every_operation_is_exact_over_a_faulty_cable_with_assisted_thread_progress() 
 
 fn every_operation_is_exact(assisted: bool) {
     let (server, client) = pair(assisted);
-    let sizes = [1usize, 8, 4000, 16 << 10, 64 << 10, 300_000];
+    // The last is one that the engine places with streaming stores
+    // (`tbrdma_engine::memory::STREAMING_MESSAGE_MIN`), of a length that is no multiple of 64.
+    let sizes = [
+        1usize,
+        8,
+        4000,
+        16 << 10,
+        64 << 10,
+        300_000,
+        tbrdma_engine::memory::STREAMING_MESSAGE_MIN as usize + 4093,
+    ];
     for round in 0..3u64 {
         for (i, &len) in sizes.iter().enumerate() {
             let seed = round * 100 + i as u64;
@@ -172,12 +188,12 @@ fn every_operation_is_exact(assisted: bool) {
                     wr_id: 1,
                     local: client.mr.sge(0, len),
                     op: SendOp::Write {
-                        remote: server.mr.remote(100),
+                        remote: server.mr.remote(AT_WRITE),
                     },
                 }])
                 .unwrap();
             complete(&server, &client, 0, 1);
-            assert!(bytes(&server.mr, 100, len) == data, "{tag}: WRITE");
+            assert!(bytes(&server.mr, AT_WRITE, len) == data, "{tag}: WRITE");
 
             server
                 .conn
@@ -196,14 +212,14 @@ fn every_operation_is_exact(assisted: bool) {
                     wr_id: 3,
                     local: client.mr.sge(0, len),
                     op: SendOp::WriteWithImm {
-                        remote: server.mr.remote(400_000),
+                        remote: server.mr.remote(AT_WRITE_IMM),
                         imm: seed as u32,
                     },
                 }])
                 .unwrap();
             complete(&server, &client, 1, 1);
             assert!(
-                bytes(&server.mr, 400_000, len) == data,
+                bytes(&server.mr, AT_WRITE_IMM, len) == data,
                 "{tag}: WRITE_WITH_IMM"
             );
 
@@ -215,7 +231,7 @@ fn every_operation_is_exact(assisted: bool) {
                 .qp
                 .post_recv(&[RecvWr {
                     wr_id: 4,
-                    local: server.mr.sge(700_000, len),
+                    local: server.mr.sge(AT_SEND, len),
                 }])
                 .unwrap();
             client
@@ -228,24 +244,24 @@ fn every_operation_is_exact(assisted: bool) {
                 }])
                 .unwrap();
             complete(&server, &client, 1, 1);
-            assert!(bytes(&server.mr, 700_000, len) == data, "{tag}: SEND");
+            assert!(bytes(&server.mr, AT_SEND, len) == data, "{tag}: SEND");
 
             // READ back what the server holds.
             let data = pattern(len, seed + 3);
-            server.mr.write(100, &data);
+            server.mr.write(AT_WRITE, &data);
             client
                 .conn
                 .qp
                 .post_send(&[SendWr {
                     wr_id: 6,
-                    local: client.mr.sge(500_000, len),
+                    local: client.mr.sge(AT_READ, len),
                     op: SendOp::Read {
-                        remote: server.mr.remote(100),
+                        remote: server.mr.remote(AT_WRITE),
                     },
                 }])
                 .unwrap();
             complete(&server, &client, 0, 1);
-            assert!(bytes(&client.mr, 500_000, len) == data, "{tag}: READ");
+            assert!(bytes(&client.mr, AT_READ, len) == data, "{tag}: READ");
         }
         // Atomics: a hundred adds land exactly once each, duplicates notwithstanding.
         server.mr.write(8, &0u64.to_le_bytes());

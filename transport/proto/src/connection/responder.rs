@@ -117,16 +117,18 @@ impl Connection {
         true
     }
 
-    /// Places one packet's payload, at `offset` in its message, where the message goes.
+    /// Places one packet's payload, at `offset` in its message of `message_len` bytes, where
+    /// the message goes.
     pub(super) fn place<M: Memory + ?Sized>(
         target: &InTarget,
         offset: u64,
         payload: &[u8],
+        message_len: u64,
         mem: &mut M,
     ) {
         if let Some(p) = target.placement() {
             if !payload.is_empty() {
-                mem.write(p.region, p.offset + offset, payload);
+                mem.place(p.region, p.offset + offset, payload, message_len);
             }
         }
     }

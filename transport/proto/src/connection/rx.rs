@@ -504,7 +504,7 @@ impl Connection {
             self.ack.ack_now();
             return false;
         }
-        Connection::place(&current.target, seg.offset, payload, mem);
+        Connection::place(&current.target, seg.offset, payload, seg.msg_len, mem);
         if self.rx.received.len() <= ahead {
             self.rx.received.resize(ahead + 1, false);
         }
