@@ -415,7 +415,7 @@ impl Memory for Arena {
         self.store(region, offset, data, Store::Cached);
     }
 
-    fn place(&mut self, region: RegionId, offset: u64, data: &[u8], message_len: u64) {
+    fn place_write(&mut self, region: RegionId, offset: u64, data: &[u8], message_len: u64) {
         let how = if message_len >= STREAMING_MESSAGE_MIN {
             Store::Streaming
         } else {
@@ -436,13 +436,18 @@ impl Memory for Arena {
     }
 }
 
-/// Messages of at least this many bytes are placed with [`Buffer::write_streaming`]. A message
-/// that size does not stay in a core's private cache whole anyway (L2 is 1-2 MiB per core on
-/// the hosts tbrdma targets), and whoever reads it (a GPU copy, NCCL's proxy, a later pass
-/// over the message) comes after its last byte has landed. Smaller messages stay cached, such
-/// as the collectives' slots (512 KiB at most), whose bytes are reduced as soon as they land.
-/// Measured: a stream of 4 MiB messages into 8 distinct 4 MiB buffers went from 0.87x to
-/// 0.93-0.97x of the same stream into one buffer (docs/performance.md, 2026-12-02).
+/// WRITEs of at least this many bytes are placed with [`Buffer::write_streaming`]
+/// ([`tbrdma_proto::Memory::place_write`]). Nobody on the target side is about to read a
+/// WRITE's bytes (NCCL's rendezvous writes into a receive slot that the proxy or a GPU copy
+/// reads after the whole step has landed), and a message this size does not stay in a core's
+/// private cache whole anyway (L2 is 1-2 MiB per core on the hosts tbrdma targets). A
+/// hardware RDMA NIC on an AMD host writes to memory the same way, past the CPU's caches.
+/// Receives and READ responses stay cached, as do smaller WRITEs: their reader (the
+/// application that asked, the collectives reducing a slot as soon as it lands) comes at once.
+/// Measured: a stream of 4 MiB WRITE_WITH_IMMs into 8 distinct 4 MiB buffers went from 0.87x
+/// to 0.90-0.97x of the same stream into one buffer; streaming receives too made `tbrdma bw
+/// --op send` about 30 % faster but its `--verify`, which reads every message back, about
+/// 15 % slower (docs/performance.md, 2026-12-02).
 pub const STREAMING_MESSAGE_MIN: u64 = 1 << 20;
 
 /// How [`Arena`] stores a placement.
@@ -544,15 +549,15 @@ mod tests {
     }
 
     #[test]
-    fn parts_of_large_and_small_messages_land_the_same() {
+    fn parts_of_large_and_small_writes_land_the_same() {
         let mut arena = Arena::new([5; 32]);
         let buffer = Arc::new(Buffer::allocate(1 << 16, false).unwrap());
         let region = arena
             .register(Arc::clone(&buffer), tbrdma_proto::Access::empty())
             .unwrap();
         let part: Vec<u8> = (0..9000u32).map(|i| (i % 251) as u8).collect();
-        arena.place(region.id, 3, &part, STREAMING_MESSAGE_MIN);
-        arena.place(region.id, 20_003, &part, 100);
+        arena.place_write(region.id, 3, &part, STREAMING_MESSAGE_MIN);
+        arena.place_write(region.id, 20_003, &part, 100);
         let mut out = vec![0; 9000];
         buffer.read(3, &mut out);
         assert_eq!(out, part);

@@ -278,11 +278,14 @@ pub trait Memory {
     fn read(&self, region: RegionId, offset: u64, out: &mut [u8]);
     /// Copies `data` into `region` at `offset`.
     fn write(&mut self, region: RegionId, offset: u64, data: &[u8]);
-    /// Copies `data`, one packet's payload of an incoming message of `message_len` bytes, into
-    /// `region` at `offset`. The core places every message through this, so that the memory
-    /// can pick how to store by the size of the whole message (the engine stores the parts of
-    /// large ones past the caches). The default is [`Self::write`].
-    fn place(&mut self, region: RegionId, offset: u64, data: &[u8], message_len: u64) {
+    /// Copies `data`, one packet's payload of an incoming WRITE (or WRITE_WITH_IMM) of
+    /// `message_len` bytes, into `region` at `offset`. A WRITE is the peer putting bytes into
+    /// memory it was granted, on its own schedule: unlike a receive or a READ response, which
+    /// land in a buffer this side named in a request and reads on completion, nobody on this
+    /// side is about to read them. The core places WRITEs through this so that the memory can
+    /// store them accordingly (the engine stores large ones past the caches). The default is
+    /// [`Self::write`].
+    fn place_write(&mut self, region: RegionId, offset: u64, data: &[u8], message_len: u64) {
         let _ = message_len;
         self.write(region, offset, data);
     }

@@ -126,9 +126,18 @@ impl Connection {
         message_len: u64,
         mem: &mut M,
     ) {
-        if let Some(p) = target.placement() {
-            if !payload.is_empty() {
-                mem.place(p.region, p.offset + offset, payload, message_len);
+        let Some(p) = target.placement() else {
+            return;
+        };
+        if payload.is_empty() {
+            return;
+        }
+        match target {
+            InTarget::Write { .. } => {
+                mem.place_write(p.region, p.offset + offset, payload, message_len);
+            }
+            InTarget::Recv { .. } | InTarget::ReadResponse { .. } => {
+                mem.write(p.region, p.offset + offset, payload);
             }
         }
     }
