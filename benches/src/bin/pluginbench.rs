@@ -25,7 +25,10 @@
 //! working set of `tbrdma bw`, which writes every message into one 4 MiB target, so that the
 //! two differ only in the plugin (docs/performance.md).
 //!
-//! The verbs baseline runs first in even rounds and last in odd ones. It prints each figure's
+//! The verbs baseline runs first in even rounds and last in odd ones. On this project's 2-core
+//! VM one round's bandwidth ratio ranges over about 0.7-1.2, so the median of 11 rounds still
+//! moves by ±0.05 between runs; `--rounds 31` (about 100 s) is what a verdict near the
+//! target needs (docs/performance.md). It prints each figure's
 //! median over the rounds and the ratios against the verbs baseline
 //! computed within each round, with the verdicts for the default settings: round trip
 //! at most 1.3x, bandwidth at least 0.9x.
