@@ -169,17 +169,21 @@ impl Buffer {
         self.huge_pages
     }
 
+    /// Panics with `what` unless `len` bytes at `offset` lie inside the buffer: every access
+    /// checks this before it touches the mapping.
+    fn assert_inside(&self, offset: usize, len: usize, what: &str) {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "{what}"
+        );
+    }
+
     /// Copies `out.len()` bytes from `offset`.
     ///
     /// # Panics
     /// If the range is outside the buffer.
     pub fn read(&self, offset: usize, out: &mut [u8]) {
-        assert!(
-            offset
-                .checked_add(out.len())
-                .is_some_and(|end| end <= self.len),
-            "read outside the buffer"
-        );
+        self.assert_inside(offset, out.len(), "read outside the buffer");
         // SAFETY: the range is inside the live mapping (checked above); `out` is a distinct
         // Rust buffer. Concurrent writes by the engine are the RDMA contract (module docs).
         unsafe {
@@ -203,10 +207,7 @@ impl Buffer {
     /// # Panics
     /// If the range is outside the buffer.
     pub unsafe fn with_slice<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
-        assert!(
-            offset.checked_add(len).is_some_and(|end| end <= self.len),
-            "view outside the buffer"
-        );
+        self.assert_inside(offset, len, "view outside the buffer");
         // SAFETY: the range is inside the live mapping (checked above), which outlives `self`
         // and so the borrow `f` gets; nothing writes it while `f` runs (the caller's contract).
         let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) };
@@ -226,12 +227,7 @@ impl Buffer {
     /// # Panics
     /// If the range is outside the buffer.
     pub fn write(&self, offset: usize, data: &[u8]) {
-        assert!(
-            offset
-                .checked_add(data.len())
-                .is_some_and(|end| end <= self.len),
-            "write outside the buffer"
-        );
+        self.assert_inside(offset, data.len(), "write outside the buffer");
         // SAFETY: as in `read`, in the other direction.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
@@ -248,12 +244,7 @@ impl Buffer {
     /// # Panics
     /// If the range is outside the buffer.
     pub fn write_streaming(&self, offset: usize, data: &[u8]) {
-        assert!(
-            offset
-                .checked_add(data.len())
-                .is_some_and(|end| end <= self.len),
-            "write outside the buffer"
-        );
+        self.assert_inside(offset, data.len(), "write outside the buffer");
         // SAFETY: the range is inside the live mapping (checked above) and `data` is a
         // distinct Rust buffer, as in `write`.
         unsafe { copy_streaming(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) }
