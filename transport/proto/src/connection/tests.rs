@@ -87,6 +87,75 @@ fn write_of_every_size_class_lands() {
     }
 }
 
+/// Only WRITEs go through `Memory::place_write`, each part with its whole message's length:
+/// that is how the engine tells a WRITE it may stream past the caches from a receive or a READ
+/// response, which the side that asked for it reads next.
+#[test]
+fn only_writes_are_placed_as_writes_with_their_message_length() {
+    let mut p = pair();
+    let src = p.a.mem.alloc(300_000, Access::LOCAL_WRITE);
+    let rbuf = p.b.mem.alloc(300_000, RW);
+    let dst = p.b.mem.alloc(300_000, RW);
+    p.a.mem.fill(&src, 0, &pattern(300_000, 4));
+    p.b.mem.fill(&dst, 0, &pattern(300_000, 5));
+    p.b.post_recv(RecvWr {
+        wr_id: 1,
+        local: sge(&rbuf, 0, 300_000),
+    })
+    .unwrap();
+    p.b.post_recv(RecvWr {
+        wr_id: 2,
+        local: sge(&rbuf, 0, 0),
+    })
+    .unwrap();
+    let ops = [
+        (300_000, SendOp::Send { imm: None }),
+        (
+            200_000,
+            SendOp::Write {
+                remote: remote(&dst, 1),
+            },
+        ),
+        (
+            100_000,
+            SendOp::WriteWithImm {
+                remote: remote(&dst, 3),
+                imm: 9,
+            },
+        ),
+        (
+            150_000,
+            SendOp::Read {
+                remote: remote(&dst, 0),
+            },
+        ),
+    ];
+    for (i, (len, op)) in ops.into_iter().enumerate() {
+        p.a.post_send(SendWr {
+            wr_id: 10 + i as u64,
+            local: sge(&src, 0, len),
+            op,
+        })
+        .unwrap();
+    }
+    assert!(p.drive(STEPS));
+    let done = p.a.take_completions();
+    assert!(
+        done.iter().all(|w| w.status == WcStatus::Success),
+        "{done:?}"
+    );
+    assert_eq!(done.len(), 4);
+    // The READ response landed on `a`, the SEND in a posted receive on `b`: neither as a write.
+    assert!(p.a.mem.placed_as_writes.is_empty());
+    assert_eq!(
+        p.b.mem.placed_as_writes,
+        [(200_000, 200_000), (100_000, 100_000)]
+            .into_iter()
+            .collect(),
+        "only the two WRITEs' bytes, each with its message's length"
+    );
+}
+
 #[test]
 fn read_returns_remote_bytes() {
     let mut p = pair();

@@ -8,6 +8,9 @@ pub struct SimMemory {
     table: MemoryTable,
     buffers: Vec<Option<Vec<u8>>>,
     next_addr: u64,
+    /// Bytes the core placed through [`Memory::place_write`], by the length of the message
+    /// they belong to (for tests of which placements are WRITEs).
+    pub placed_as_writes: std::collections::BTreeMap<u64, usize>,
 }
 
 impl SimMemory {
@@ -19,6 +22,7 @@ impl SimMemory {
             table: MemoryTable::new(key_seed),
             buffers: Vec::new(),
             next_addr: 0x10_0000,
+            placed_as_writes: std::collections::BTreeMap::new(),
         }
     }
 
@@ -112,5 +116,10 @@ impl Memory for SimMemory {
             .expect("checked region");
         let start = offset as usize;
         buf[start..start + data.len()].copy_from_slice(data);
+    }
+
+    fn place_write(&mut self, region: RegionId, offset: u64, data: &[u8], message_len: u64) {
+        *self.placed_as_writes.entry(message_len).or_default() += data.len();
+        self.write(region, offset, data);
     }
 }
