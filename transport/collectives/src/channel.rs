@@ -109,6 +109,9 @@ pub(crate) struct Channel {
 /// Consumed receives are posted again once this many are due: one engine call per batch
 /// instead of one per message. The queue is deeper by as much.
 const REPOST_BATCH: usize = 8;
+/// Bytes per piece of [`Channel::view_oldest_in_pieces`]: a quarter of a 48-64 KiB first-level
+/// data cache, and a multiple of every element size, so a piece never splits an element.
+pub const VIEW_PIECE: usize = 16 << 10;
 
 impl Channel {
     /// Wraps a connected queue pair; posts the receives that immediates consume.
@@ -347,6 +350,26 @@ impl Channel {
         copy.resize(len, 0);
         self.inbox.read(at, &mut copy);
         f(&copy)
+    }
+
+    /// Lends the oldest message to `f` in consecutive pieces of at most [`VIEW_PIECE`] bytes,
+    /// each with its range in the message. Call after [`Self::expect_oldest`].
+    ///
+    /// Each piece is copied out of the inbox first, for the reason given at
+    /// [`Self::view_oldest`], but into a buffer small enough to stay in the first-level cache
+    /// while `f` reads it: for an element-wise reduction this costs a copy into L1 instead of
+    /// a copy of the whole message into memory that `f` then reads again.
+    pub fn view_oldest_in_pieces(&self, f: &mut dyn FnMut(std::ops::Range<usize>, &[u8])) {
+        let len = self.peek().unwrap_or(0);
+        let at = self.slot_offset(self.consumed);
+        let mut piece = [0u8; VIEW_PIECE];
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(VIEW_PIECE);
+            self.inbox.read(at + done, &mut piece[..n]);
+            f(done..done + n, &piece[..n]);
+            done += n;
+        }
     }
 
     /// Frees the oldest message's slot (handing slots back to the peer when half are owed).

@@ -112,19 +112,23 @@ pub(crate) fn run(
                 let (s, j) = (recvd / m, recvd % m);
                 let range = chunk_of(recv_label(s), j);
                 if s < n - 1 {
-                    // Reduced straight out of the inbox slot (no copy out first); out of place,
-                    // this rank's input is read where the caller holds it.
+                    // Reduced out of the inbox slot piece by piece, each copied out into L1
+                    // first (`view_oldest_in_pieces`); out of place, this rank's input is read
+                    // where the caller holds it.
                     ch.expect_oldest(range.len())?;
                     let (dtype, op) = (plan.dtype, plan.op);
+                    let acc = &mut work[range.clone()];
                     match input {
                         Some(input) => {
                             let mine = &input[range.clone()];
-                            let acc = &mut work[range.clone()];
-                            ch.view_oldest(&mut |x| combine_into(dtype, op, acc, mine, x));
+                            ch.view_oldest_in_pieces(&mut |r, x| {
+                                combine_into(dtype, op, &mut acc[r.clone()], &mine[r], x)
+                            });
                         }
                         None => {
-                            let acc = &mut work[range.clone()];
-                            ch.view_oldest(&mut |x| combine(dtype, op, acc, x));
+                            ch.view_oldest_in_pieces(&mut |r, x| {
+                                combine(dtype, op, &mut acc[r], x)
+                            });
                         }
                     }
                     ch.release_oldest()?;

@@ -96,11 +96,25 @@ fn run_world<T: Send + 'static>(
 }
 
 fn check_world(world: usize, kind: TopologyKind, rails: u32, port_base: u16) {
+    check_world_with(
+        world,
+        kind,
+        rails,
+        options(port_base),
+        &[0, 1, 5, 1000, 5003],
+    );
+}
+
+fn check_world_with(
+    world: usize,
+    kind: TopologyKind,
+    rails: u32,
+    opts: CommOptions,
+    counts: &'static [usize],
+) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let hf = loopback_hostfile(world, kind, rails);
-    let results = run_world(hf, options(port_base), |comm| {
-        suite(comm, &[0, 1, 5, 1000, 5003], 42)
-    });
+    let results = run_world(hf, opts, move |comm| suite(comm, counts, 42));
     let errors: Vec<String> = results
         .iter()
         .enumerate()
@@ -136,6 +150,18 @@ fn three_ranks_mesh() {
 #[test]
 fn four_ranks_ring() {
     check_world(4, TopologyKind::Ring, 1, 21_300);
+}
+
+/// Ring messages that are lent to the reduction in several 16 KiB pieces
+/// (`Channel::view_oldest_in_pieces`), the last one partial: 100 KiB slots, and a count whose
+/// chunks are no multiple of the piece.
+#[test]
+fn two_ranks_with_slots_of_several_view_pieces() {
+    let opts = CommOptions {
+        slot_bytes: 100 << 10,
+        ..options(21_600)
+    };
+    check_world_with(2, TopologyKind::Pair, 1, opts, &[60_001]);
 }
 
 #[test]
