@@ -11,7 +11,6 @@
 //! This module registers memory only when a channel is built; it never blocks: callers poll and
 //! decide how to wait.
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
 
 use tbrdma_verbs::{
@@ -71,9 +70,6 @@ pub(crate) struct Channel {
     qp: QueuePair,
     cq: CompletionQueue,
     inbox: MemoryRegion,
-    /// Where [`Self::view_oldest`] copies a message out of the inbox (kept, so it is
-    /// allocated once).
-    view: RefCell<Vec<u8>>,
     outbox: MemoryRegion,
     remote: RemoteAddr,
     slots: u64,
@@ -109,7 +105,7 @@ pub(crate) struct Channel {
 /// Consumed receives are posted again once this many are due: one engine call per batch
 /// instead of one per message. The queue is deeper by as much.
 const REPOST_BATCH: usize = 8;
-/// Bytes per piece of [`Channel::view_oldest_in_pieces`]: a quarter of a 48-64 KiB first-level
+/// Bytes per piece of [`Channel::view_oldest_range`]: a quarter of a 48-64 KiB first-level
 /// data cache, and a multiple of every element size, so a piece never splits an element.
 pub const VIEW_PIECE: usize = 16 << 10;
 
@@ -140,7 +136,6 @@ impl Channel {
             qp,
             cq,
             inbox,
-            view: RefCell::new(Vec::with_capacity(slot_bytes)),
             outbox,
             remote,
             slots: slots as u64,
@@ -336,40 +331,42 @@ impl Channel {
         }
     }
 
-    /// Lends the oldest message to `f`. Call after [`Self::expect_oldest`].
-    ///
-    /// It is copied out of the inbox first: an honest peer does not write the slot until
-    /// [`Self::release_oldest`], but a hostile one holds the inbox's rkey and can write it
-    /// at any time, and a view in place would then change under the reduction (a data race;
-    /// see `MemoryRegion::with_bytes`). The copy is one pass over bytes the engine has just
-    /// placed, about 0.15 µs per 16 KiB on this project's test machine.
-    pub fn view_oldest(&self, f: &mut dyn FnMut(&[u8])) {
-        let len = self.peek().unwrap_or(0);
-        let at = self.slot_offset(self.consumed);
-        let mut copy = self.view.borrow_mut();
-        copy.resize(len, 0);
-        self.inbox.read(at, &mut copy);
-        f(&copy)
-    }
-
     /// Lends the oldest message to `f` in consecutive pieces of at most [`VIEW_PIECE`] bytes,
     /// each with its range in the message. Call after [`Self::expect_oldest`].
-    ///
-    /// Each piece is copied out of the inbox first, for the reason given at
-    /// [`Self::view_oldest`], but into a buffer small enough to stay in the first-level cache
-    /// while `f` reads it: for an element-wise reduction this costs a copy into L1 instead of
-    /// a copy of the whole message into memory that `f` then reads again.
     pub fn view_oldest_in_pieces(&self, f: &mut dyn FnMut(std::ops::Range<usize>, &[u8])) {
         let len = self.peek().unwrap_or(0);
-        let at = self.slot_offset(self.consumed);
-        let mut piece = [0u8; VIEW_PIECE];
         let mut done = 0;
         while done < len {
-            let n = (len - done).min(VIEW_PIECE);
-            self.inbox.read(at + done, &mut piece[..n]);
-            f(done..done + n, &piece[..n]);
-            done += n;
+            let piece = done..len.min(done + VIEW_PIECE);
+            self.view_oldest_range(piece.clone(), &mut |bytes| f(piece.clone(), bytes));
+            done = piece.end;
         }
+    }
+
+    /// Lends bytes `range` of the oldest message (at most [`VIEW_PIECE`] of them) to `f`. Call
+    /// after [`Self::expect_oldest`].
+    ///
+    /// They are copied out of the inbox first: an honest peer does not write the slot until
+    /// [`Self::release_oldest`], but a hostile one holds the inbox's rkey and can write it at
+    /// any time, and a view in place would then change under the reduction (a data race; see
+    /// `MemoryRegion::with_bytes`). The copy goes into a buffer small enough to stay in the
+    /// first-level cache while `f` reads it: for an element-wise reduction that costs a copy
+    /// into L1, where a copy of the whole message would go to memory that `f` then reads
+    /// again.
+    ///
+    /// # Panics
+    /// If `range` is longer than [`VIEW_PIECE`] or runs past the message.
+    pub fn view_oldest_range(&self, range: std::ops::Range<usize>, f: &mut dyn FnMut(&[u8])) {
+        let len = self.peek().unwrap_or(0);
+        assert!(
+            range.start <= range.end && range.end <= len && range.len() <= VIEW_PIECE,
+            "view of {range:?} in a message of {len} bytes"
+        );
+        let mut piece = [0u8; VIEW_PIECE];
+        let piece = &mut piece[..range.len()];
+        self.inbox
+            .read(self.slot_offset(self.consumed) + range.start, piece);
+        f(piece)
     }
 
     /// Frees the oldest message's slot (handing slots back to the peer when half are owed).

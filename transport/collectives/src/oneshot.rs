@@ -5,6 +5,7 @@
 
 use std::ops::Range;
 
+use crate::channel::VIEW_PIECE;
 use crate::channel::{Fault, channel_to};
 use crate::comm::{Communicator, Step};
 use crate::dtype::{DType, Fold, fold_ranks};
@@ -69,19 +70,24 @@ pub(crate) fn all_reduce(
                     None => return Err(Fault::Failed(format!("no cable to rank {p}"))),
                 }
             }
-            // Every peer's chunk is reduced where it sits in the inbox.
-            let peer = |p: usize, f: &mut dyn FnMut(&[u8])| {
-                if let Some(ch) = &chans[p] {
-                    ch.view_oldest(f)
-                }
-            };
-            let fold = Fold {
-                dtype,
-                op,
-                world,
-                local: Some((rank, input.map(|i| &i[r.clone()]))),
-            };
-            fold_ranks(fold, &mut out[r], &peer, &mut scratch.fold);
+            // Reduced piece by piece, each peer's piece copied out of its inbox into L1 first
+            // (`Channel::view_oldest_range`): every operator is element-wise.
+            for start in (0..r.len()).step_by(VIEW_PIECE) {
+                let piece = start..r.len().min(start + VIEW_PIECE);
+                let peer = |p: usize, f: &mut dyn FnMut(&[u8])| {
+                    if let Some(ch) = &chans[p] {
+                        ch.view_oldest_range(piece.clone(), f)
+                    }
+                };
+                let at = r.start + piece.start..r.start + piece.end;
+                let fold = Fold {
+                    dtype,
+                    op,
+                    world,
+                    local: Some((rank, input.map(|i| &i[at.clone()]))),
+                };
+                fold_ranks(fold, &mut out[at], &peer, &mut scratch.fold);
+            }
             for ch in chans.iter_mut().flatten() {
                 ch.release_oldest()?;
             }

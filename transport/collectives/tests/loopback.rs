@@ -152,16 +152,18 @@ fn four_ranks_ring() {
     check_world(4, TopologyKind::Ring, 1, 21_300);
 }
 
-/// Ring messages that are lent to the reduction in several 16 KiB pieces
-/// (`Channel::view_oldest_in_pieces`), the last one partial: 100 KiB slots, and a count whose
-/// chunks are no multiple of the piece.
+/// Messages that are lent to the reduction in several 16 KiB pieces (`Channel::
+/// view_oldest_range`), the last one partial: 100 KiB slots, and a count whose chunks are no
+/// multiple of the piece. Two ranks (one-shot and ring) and a three-rank mesh, whose one-shot
+/// reduction views two peers' pieces at once.
 #[test]
-fn two_ranks_with_slots_of_several_view_pieces() {
-    let opts = CommOptions {
+fn slots_of_several_view_pieces() {
+    let opts = |port_base| CommOptions {
         slot_bytes: 100 << 10,
-        ..options(21_600)
+        ..options(port_base)
     };
-    check_world_with(2, TopologyKind::Pair, 1, opts, &[60_001]);
+    check_world_with(2, TopologyKind::Pair, 1, opts(21_600), &[60_001]);
+    check_world_with(3, TopologyKind::Mesh, 1, opts(21_700), &[60_001]);
 }
 
 #[test]
