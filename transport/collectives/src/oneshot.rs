@@ -5,8 +5,7 @@
 
 use std::ops::Range;
 
-use crate::channel::VIEW_PIECE;
-use crate::channel::{Fault, channel_to};
+use crate::channel::{Fault, channel_to, pieces};
 use crate::comm::{Communicator, Step};
 use crate::dtype::{DType, Fold, fold_ranks};
 use crate::error::Result;
@@ -72,8 +71,7 @@ pub(crate) fn all_reduce(
             }
             // Reduced piece by piece, each peer's piece copied out of its inbox into L1 first
             // (`Channel::view_oldest_range`): every operator is element-wise.
-            for start in (0..r.len()).step_by(VIEW_PIECE) {
-                let piece = start..r.len().min(start + VIEW_PIECE);
+            for piece in pieces(r.len()) {
                 let peer = |p: usize, f: &mut dyn FnMut(&[u8])| {
                     if let Some(ch) = &chans[p] {
                         ch.view_oldest_range(piece.clone(), f)
