@@ -239,7 +239,7 @@ impl Buffer {
     /// nor kept, so a stream into memory that is not cached costs one write of each line
     /// instead of a read and a write, and does not evict what the caches hold. Every store is
     /// visible to other threads when this returns (it ends with a store fence), as after
-    /// `write`. For the parts of large messages, which nothing reads soon.
+    /// `write`. For the parts of large WRITEs, which nothing reads soon.
     ///
     /// # Panics
     /// If the range is outside the buffer.
@@ -435,10 +435,10 @@ impl Memory for Arena {
 /// hardware RDMA NIC on an AMD host writes to memory the same way, past the CPU's caches.
 /// Receives and READ responses stay cached, as do smaller WRITEs: their reader (the
 /// application that asked, the collectives reducing a slot as soon as it lands) comes at once.
-/// Measured: a stream of 4 MiB WRITE_WITH_IMMs into 8 distinct 4 MiB buffers went from 0.87x
-/// to 0.90-0.97x of the same stream into one buffer; streaming receives too made `tbrdma bw
-/// --op send` about 30 % faster but its `--verify`, which reads every message back, about
-/// 15 % slower (docs/performance.md, 2026-12-02).
+/// Measured: the NCCL plugin's stream of 4 MiB WRITE_WITH_IMMs into 8 distinct 4 MiB buffers
+/// went from 0.87x to 0.90-0.99x of `tbrdma bw` (pluginbench); streaming receives too made
+/// `tbrdma bw --op send` about 30 % faster but its `--verify`, which reads every message back,
+/// about 15 % slower (docs/performance.md, 2026-12-02).
 pub const STREAMING_MESSAGE_MIN: u64 = 1 << 20;
 
 /// How [`Arena`] stores a placement.
