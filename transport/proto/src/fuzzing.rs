@@ -149,10 +149,11 @@ const PROTECTED: [usize; 4] = [SOURCE, READABLE, GUARD, REVOKED];
 const MAX_QUEUED: usize = 1024;
 /// Most datagrams one `poll_transmit` loop may produce; more means it never stops.
 const MAX_BURST: usize = 4096;
-/// Smallest datagram an ACK with every selective block needs (40-byte header, 8 per block).
+/// Smallest datagram an ACK with every selective block needs (44-byte header, 8 per block).
 /// The core does not yet refuse a smaller `max_datagram` (it panics in `poll_transmit`
 /// instead); once it does, this harness may go smaller.
-const MIN_ACK_DATAGRAM: usize = wire::COMMON_HEADER_LEN + 8 + MAX_SACK_BLOCKS * 8;
+const MIN_ACK_DATAGRAM: usize =
+    wire::COMMON_HEADER_LEN + wire::Opcode::Ack.ext_len() + MAX_SACK_BLOCKS * 8;
 
 fn config() -> Config {
     Config {

@@ -156,11 +156,21 @@ fn sample_datagrams() -> Vec<(&'static str, Vec<u8>)> {
             valid,
             Ext::Ack {
                 window: 32,
+                receive_limit: 7,
                 sacks: SackList::default(),
             },
             0,
         ),
-        ("ack_sacks", valid, Ext::Ack { window: 32, sacks }, 0),
+        (
+            "ack_sacks",
+            valid,
+            Ext::Ack {
+                window: 32,
+                receive_limit: 7,
+                sacks,
+            },
+            0,
+        ),
         (
             "nak_seq",
             valid,

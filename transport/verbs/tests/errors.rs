@@ -237,8 +237,8 @@ fn datagrams_from_strangers_are_dropped() {
     // A datagram naming the server's live queue pair, but from a socket that is not its peer.
     let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let mut forged = vec![0u8; 64];
-    forged[0..2].copy_from_slice(b"tB");
-    forged[2] = 1;
+    forged[0..2].copy_from_slice(&tbrdma_proto::wire::MAGIC);
+    forged[2] = tbrdma_proto::wire::VERSION;
     forged[16..20].copy_from_slice(&server.qp.qp_num().to_le_bytes());
     for _ in 0..5 {
         stranger.send_to(&forged, server_dev.data_addr()).unwrap();
@@ -264,11 +264,12 @@ fn each_packet_of_a_strangers_datagram_is_dropped_on_its_own() {
     let (server_dev, target, clients) = server_with_clients(2);
     let qpn = clients[0].4.qp.qp_num();
     let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    // Three ACK-shaped packets (40 bytes: a common header and an 8-byte extension), then 7
-    // bytes of garbage.
-    let mut packet = [0u8; 40];
-    packet[0..2].copy_from_slice(b"tB");
-    packet[2] = 1;
+    // Three ACK-shaped packets (a common header and an ACK's extension), then 7 bytes of
+    // garbage.
+    let mut packet =
+        [0u8; tbrdma_proto::wire::COMMON_HEADER_LEN + tbrdma_proto::wire::Opcode::Ack.ext_len()];
+    packet[0..2].copy_from_slice(&tbrdma_proto::wire::MAGIC);
+    packet[2] = tbrdma_proto::wire::VERSION;
     packet[3] = tbrdma_proto::wire::Opcode::Ack as u8;
     packet[16..20].copy_from_slice(&qpn.to_le_bytes());
     let mut forged = packet.repeat(3);

@@ -21,6 +21,7 @@
 //! table of deadlines.
 
 mod ack;
+mod credit;
 mod paths;
 mod responder;
 mod rx;
@@ -226,6 +227,8 @@ pub struct Connection {
     ack: AckPolicy,
     sq: SendQueue,
     rq: VecDeque<RecvWr>,
+    /// How many receives `rq` gave up so far: the receive credit reported (`credit.rs`).
+    receives_taken: credit::ReceiveCount,
     completions: VecDeque<WorkCompletion>,
     events: VecDeque<Event>,
     control: PendingControl,
@@ -283,6 +286,7 @@ impl Connection {
             ack: AckPolicy::new(&config),
             sq: SendQueue::default(),
             rq: VecDeque::new(),
+            receives_taken: credit::ReceiveCount::default(),
             completions: VecDeque::new(),
             events: VecDeque::new(),
             control: PendingControl::default(),
@@ -817,10 +821,15 @@ impl Connection {
             if let Some(path) = self.ack.take_reply_path() {
                 self.last_path = path;
             }
+            let limit = self.receives_taken.limit(self.rq.len());
             let ext = self
                 .rx
-                .ack_frame(self.config.window, self.config.max_datagram);
+                .ack_frame(self.config.window, limit, self.config.max_datagram);
             return Some((self.control_packet(buf, ext), None));
+        }
+        if self.tx.wants_credit_report() {
+            // Held back by receive credit: the peer answers a keep-alive with an ACK at once.
+            return Some((self.control_packet(buf, Ext::KeepAlive), None));
         }
         if let Some(path) = self.control.probe.take() {
             self.last_path = path;

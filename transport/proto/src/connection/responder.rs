@@ -142,6 +142,14 @@ impl Connection {
         }
     }
 
+    /// Takes the oldest posted receive for the next receive-consuming message, counting it for
+    /// the receive credit this side reports (`credit.rs`).
+    fn take_receive(&mut self) -> Option<crate::work::RecvWr> {
+        let recv = self.rq.pop_front()?;
+        self.receives_taken.took_one();
+        Some(recv)
+    }
+
     /// Decides where a new message goes, checking keys, bounds and receive buffers before any
     /// byte of it is placed.
     fn message_target<M: Memory + ?Sized>(
@@ -157,7 +165,7 @@ impl Connection {
                 let recv = *self.rq.front().ok_or(Refusal::NotReady)?;
                 let imm = (flags & FLAG_HAS_IMM != 0).then_some(seg.imm_or_req);
                 if len > recv.local.len {
-                    self.rq.pop_front();
+                    self.take_receive();
                     self.push_recv_completion(
                         recv.wr_id,
                         WcStatus::LocalLength,
@@ -178,7 +186,7 @@ impl Connection {
                     ) {
                         Ok(p) => Some(p),
                         Err(_) => {
-                            self.rq.pop_front();
+                            self.take_receive();
                             self.push_recv_completion(
                                 recv.wr_id,
                                 WcStatus::LocalProtection,
@@ -190,7 +198,7 @@ impl Connection {
                         }
                     }
                 };
-                self.rq.pop_front();
+                self.take_receive();
                 Ok(InTarget::Recv {
                     wr_id: recv.wr_id,
                     placement,
@@ -208,7 +216,7 @@ impl Connection {
                     Some(p)
                 };
                 let recv = if matches!(ext, Ext::WriteWithImm(..)) {
-                    let recv = self.rq.pop_front().ok_or(Refusal::NotReady)?;
+                    let recv = self.take_receive().ok_or(Refusal::NotReady)?;
                     Some((recv.wr_id, seg.imm_or_req))
                 } else {
                     None

@@ -236,11 +236,15 @@ impl RxStream {
     }
 
     /// The ACK to send now, with as many selective blocks as fit in `max_datagram`.
-    pub fn ack_frame(&self, window: u32, max_datagram: usize) -> Ext {
+    pub fn ack_frame(&self, window: u32, receive_limit: u32, max_datagram: usize) -> Ext {
         let mut sacks = self.sacks();
-        let room = max_datagram.saturating_sub(wire::COMMON_HEADER_LEN + 8) / 8;
-        sacks.truncate(room);
-        Ext::Ack { window, sacks }
+        let fixed = wire::COMMON_HEADER_LEN + wire::Opcode::Ack.ext_len();
+        sacks.truncate(max_datagram.saturating_sub(fixed) / 8);
+        Ext::Ack {
+            window,
+            receive_limit,
+            sacks,
+        }
     }
 
     /// Moves past a single-packet message that was accepted.
@@ -292,8 +296,13 @@ impl Connection {
         mem: &mut M,
     ) {
         match arrival.packet.ext {
-            Ext::Ack { window, sacks } => {
+            Ext::Ack {
+                window,
+                receive_limit,
+                sacks,
+            } => {
                 self.tx.set_peer_window(window);
+                self.tx.on_receive_limit(receive_limit);
                 self.tx.on_sack(sacks.as_slice());
             }
             Ext::Nak {

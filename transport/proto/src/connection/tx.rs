@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::PayloadRef;
+use super::credit::SendCredit;
 use super::sq::SqEntry;
 use super::timer::{Timer, TimerTable};
 use crate::config::Config;
@@ -73,6 +74,14 @@ impl OutKind {
             _ => 0,
         }
     }
+
+    /// Whether the message takes a receive at the peer (and so needs receive credit).
+    fn consumes_receive(&self) -> bool {
+        matches!(
+            self,
+            OutKind::Send { .. } | OutKind::Write { imm: Some(_), .. }
+        )
+    }
 }
 
 #[derive(Debug)]
@@ -80,6 +89,8 @@ pub(super) struct OutMessage {
     first_psn: Psn,
     npackets: u32,
     kind: OutKind,
+    /// Its number among the receive-consuming messages (`credit.rs`), if it is one.
+    receive_ordinal: Option<u32>,
 }
 
 impl OutMessage {
@@ -130,6 +141,7 @@ pub(super) struct TxStream {
     max_retries: u32,
     rnr_retries: u32,
     max_rnr_retries: u32,
+    credit: SendCredit,
 }
 
 impl TxStream {
@@ -153,6 +165,7 @@ impl TxStream {
             max_retries: config.max_retries,
             rnr_retries: 0,
             max_rnr_retries: config.max_rnr_retries,
+            credit: SendCredit::default(),
         }
     }
 
@@ -204,10 +217,12 @@ impl TxStream {
         let npackets = packets_for(kind.data_len(), max_payload);
         let first_psn = self.next_psn;
         self.next_psn = first_psn.plus(npackets);
+        let receive_ordinal = kind.consumes_receive().then(|| self.credit.assign());
         let message = OutMessage {
             first_psn,
             npackets,
             kind,
+            receive_ordinal,
         };
         let last = message.last_psn();
         self.messages.push_back(message);
@@ -300,8 +315,38 @@ impl TxStream {
             self.rtx = None;
         }
         let in_flight = self.next_send.distance_from(self.snd_una);
-        (self.next_send.before(self.next_psn) && in_flight < self.peer_window)
-            .then_some(self.next_send)
+        if !self.next_send.before(self.next_psn) || in_flight >= self.peer_window {
+            return None;
+        }
+        match self.starts_receive_consuming(self.next_send) {
+            Some(n) if !self.credit.may_start(n) => None,
+            _ => Some(self.next_send),
+        }
+    }
+
+    /// The receive ordinal of the message whose first packet is `psn`, if it is one that
+    /// consumes a receive (only such first packets need receive credit).
+    fn starts_receive_consuming(&self, psn: Psn) -> Option<u32> {
+        let index = self.messages.partition_point(|m| m.last_psn().before(psn));
+        self.messages
+            .get(index)
+            .filter(|m| m.first_psn == psn)
+            .and_then(|m| m.receive_ordinal)
+    }
+
+    /// The peer reported its receive limit (in an ACK).
+    pub fn on_receive_limit(&mut self, limit: u32) {
+        self.credit.on_report(limit);
+    }
+
+    /// Whether the next new packet waits for receive credit and the peer should be asked for a
+    /// fresh report (once per limit heard; see `credit.rs`).
+    pub fn wants_credit_report(&mut self) -> bool {
+        self.next_send.before(self.next_psn)
+            && self
+                .starts_receive_consuming(self.next_send)
+                .is_some_and(|n| !self.credit.may_start(n))
+            && self.credit.ask()
     }
 
     /// The receiver-not-ready pause is over ([`Timer::RnrResume`] fired, or a transmit pass
@@ -479,6 +524,9 @@ impl TxStream {
                 break;
             }
             fatal_acked |= matches!(front.kind, OutKind::FatalNak { .. });
+            if let Some(n) = front.receive_ordinal {
+                self.credit.acked(n);
+            }
             self.messages.pop_front();
         }
         self.sacked.retain_mut(|(start, end)| {

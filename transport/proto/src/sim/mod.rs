@@ -44,6 +44,11 @@ impl Endpoint {
         self.conn.post_recv(wr)
     }
 
+    /// How many completions were reported and not taken yet (as of the last step).
+    pub fn pending_completions(&self) -> usize {
+        self.completions.len()
+    }
+
     /// Takes every completion reported so far.
     pub fn take_completions(&mut self) -> Vec<WorkCompletion> {
         self.collect();

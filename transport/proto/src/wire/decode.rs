@@ -195,6 +195,7 @@ fn decode_ext(r: &mut Reader<'_>, opcode: Opcode, payload: &[u8]) -> Result<Ext,
         }
         Opcode::Ack => {
             let window = r.u32().ok_or(short)?;
+            let receive_limit = r.u32().ok_or(short)?;
             let count = usize::from(r.u8().ok_or(short)?);
             if count > MAX_SACK_BLOCKS || payload.len() != count * 8 {
                 return Err(DecodeError::Malformed(
@@ -211,7 +212,11 @@ fn decode_ext(r: &mut Reader<'_>, opcode: Opcode, payload: &[u8]) -> Result<Ext,
                 }
                 sacks.push(SackBlock { start, end });
             }
-            Ext::Ack { window, sacks }
+            Ext::Ack {
+                window,
+                receive_limit,
+                sacks,
+            }
         }
         Opcode::Nak => {
             let psn = Psn(r.u32().ok_or(short)?);

@@ -115,8 +115,13 @@ pub fn write_header(buf: &mut [u8], header: &Header, ext: &Ext, payload_len: usi
             w.put_u8(*code as u8);
             w.put_zeros(3);
         }
-        Ext::Ack { window, sacks } => {
+        Ext::Ack {
+            window,
+            receive_limit,
+            sacks,
+        } => {
             w.put_u32(*window);
+            w.put_u32(*receive_limit);
             w.put_u8(sacks.as_slice().len() as u8);
             w.put_zeros(3);
             for block in sacks.as_slice() {

@@ -18,7 +18,7 @@ use crate::seq::Psn;
 /// First two bytes of every datagram: `"tB"`.
 pub const MAGIC: [u8; 2] = *b"tB";
 /// The protocol version this crate speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Size of the common header.
 pub const COMMON_HEADER_LEN: usize = 32;
 /// Largest extension header (WRITE and WRITE_WITH_IMM).
@@ -188,10 +188,16 @@ pub enum Ext {
         /// Why.
         code: ErrorCode,
     },
-    /// ACK: cumulative acknowledgement (in the header) plus window and selective blocks.
+    /// ACK: cumulative acknowledgement (in the header) plus window, receive credit and
+    /// selective blocks.
     Ack {
         /// Packets the receiver can take beyond the cumulative acknowledgement.
         window: u32,
+        /// Receive credit: the sender may start the receive-consuming messages (SEND,
+        /// WRITE_WITH_IMM) numbered before this one, counting such messages from 0 at the start
+        /// of the connection and wrapping at 2^32 (the receives the receiver took so far plus
+        /// those it has posted; see `connection/credit.rs`).
+        receive_limit: u32,
         /// PSNs received beyond the cumulative acknowledgement.
         sacks: SackList,
     },

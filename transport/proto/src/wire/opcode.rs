@@ -74,7 +74,7 @@ impl Opcode {
             Opcode::FetchAdd | Opcode::CmpSwap => 32,
             Opcode::AtomicResponse => 16,
             Opcode::FatalNak => 8,
-            Opcode::Ack => 8,
+            Opcode::Ack => 12,
             Opcode::Nak => 12,
             Opcode::Connect | Opcode::Accept => 16,
             Opcode::Close => 8,

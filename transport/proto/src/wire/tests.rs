@@ -78,7 +78,14 @@ fn sample_exts() -> Vec<(Ext, Vec<u8>)> {
             },
             vec![],
         ),
-        (Ext::Ack { window: 256, sacks }, vec![]),
+        (
+            Ext::Ack {
+                window: 256,
+                receive_limit: 0xfffe_0003,
+                sacks,
+            },
+            vec![],
+        ),
         (
             Ext::Nak {
                 psn: Psn(8),
