@@ -232,9 +232,13 @@ pub struct Link {
 
 impl Link {
     /// The next completion, if one is there. A failed one is an error that says why.
+    ///
+    /// Polls one at a time, so that every completion taken is a poll, which runs the engine when
+    /// it is overdue (`CompletionQueue::poll`): a tool that works on each completion (`bw
+    /// --verify` checks every SEND where it landed) keeps acknowledging what arrives meanwhile.
     pub fn next(&mut self) -> anyhow::Result<Option<WorkCompletion>> {
         if self.backlog.is_empty() {
-            let n = self.cq.poll(&mut self.buf)?;
+            let n = self.cq.poll(&mut self.buf[..1])?;
             self.backlog.extend(self.buf[..n].iter().map(|c| c.wc));
         }
         match self.backlog.pop_front() {
@@ -448,7 +452,7 @@ impl Session {
                 qp: conn.qp,
                 cq,
                 backlog: VecDeque::new(),
-                buf: vec![Completion::default(); 64],
+                buf: vec![Completion::default(); 1],
             });
         }
         if let Some(server) = setup.server {

@@ -37,6 +37,14 @@ use tbrdma_proto::Time;
 /// [`EngineConfig::keeper_period`]: crate::worker::EngineConfig::keeper_period
 /// [`Config::initial_rto`]: tbrdma_proto::Config::initial_rto
 pub const KEEPER_HOLD: Duration = Duration::from_micros(500);
+/// Caller mode: a completion queue's poll that finds completions waiting runs the loop anyway
+/// when the loop has not run for this long. An application that polls a batch and then works
+/// on each completion (checking a 1 MiB message takes tens of microseconds) otherwise ran no
+/// loop until it had worked through them all: nothing it received meanwhile was acknowledged,
+/// and its sender timed out and resent the whole window (measured: `tbrdma bw --op send
+/// --verify`, 840 timeouts in two seconds; docs/performance.md). A pass that finds nothing
+/// costs about a microsecond, so this costs a slow consumer at most a few percent.
+pub const CALLER_PASS_OVERDUE: Duration = Duration::from_micros(50);
 /// Caller mode: the keeper counts the application as gone when it has not polled for this long.
 const KEEPER_AWAY: Duration = Duration::from_micros(100);
 /// Caller mode with takeover: the keeper runs the loop itself once the application has not
@@ -103,6 +111,13 @@ impl Keeper {
     /// block in the backend's wait sees it; see `Shared::enter`).
     pub(crate) fn note_entry(&self, now: Time) {
         self.last_entry.store(now.0, Ordering::SeqCst);
+    }
+
+    /// Whether the application has not entered the loop for `overdue` at `now`.
+    pub(crate) fn last_entry_older_than(&self, overdue: Duration, now: Time) -> bool {
+        now.0
+            .saturating_sub(self.last_entry.load(Ordering::Relaxed))
+            >= overdue.as_nanos() as u64
     }
 
     /// Whether the application has not called for `KEEPER_AWAY` at `now`.

@@ -159,6 +159,15 @@ impl Shared {
         }
     }
 
+    /// Caller mode: whether the loop has not run for [`crate::keeper::CALLER_PASS_OVERDUE`] (an application
+    /// working through completions it has already polled, without polling an empty queue).
+    pub(crate) fn pass_overdue(&self) -> bool {
+        self.progress == Progress::Caller
+            && self
+                .keeper
+                .last_entry_older_than(crate::keeper::CALLER_PASS_OVERDUE, self.now())
+    }
+
     /// The current engine time.
     pub(crate) fn now(&self) -> Time {
         Time(self.epoch.elapsed().as_nanos() as u64)

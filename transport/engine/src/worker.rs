@@ -37,7 +37,7 @@ pub use crate::config::{
     ASSISTED_ACK_HOLD, ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW, DEFAULT_GATHER_THRESHOLD,
     EngineConfig, Progress,
 };
-pub use crate::keeper::{KEEPER_HOLD, TAKEOVER_AWAY};
+pub use crate::keeper::{CALLER_PASS_OVERDUE, KEEPER_HOLD, TAKEOVER_AWAY};
 pub use crate::state::{EngineStats, NewConnection, PdId, PostFailed, SEND_HEADROOM, WriteZone};
 
 /// Upper bound written into each connection's [`tbrdma_proto::Config::ack_hold`] in caller
@@ -139,6 +139,14 @@ impl Engine {
     /// no other thread to be scheduled for its completions to arrive.
     pub fn polls_progress(&self) -> bool {
         self.config.progress == Progress::Caller || self.shared.is_assisted()
+    }
+
+    /// Caller mode: whether the loop has not run for [`CALLER_PASS_OVERDUE`]. A completion
+    /// queue's poll runs the loop when it finds completions waiting but this holds, so that an
+    /// application slow to work through them still acknowledges what arrives meanwhile and
+    /// drains the sockets (docs/verbs.md, "Progress").
+    pub fn pass_overdue(&self) -> bool {
+        self.shared.pass_overdue()
     }
 
     /// Why the preferred backend was not used, if it was not.

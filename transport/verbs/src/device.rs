@@ -212,10 +212,18 @@ pub struct CompletionQueue {
 
 impl CompletionQueue {
     /// Moves up to `out.len()` completions into `out` and returns how many. In caller mode
-    /// this also runs the engine once, so polling is what makes progress.
+    /// this also runs the engine once, so polling is what makes progress: when the queue is
+    /// empty, and when completions are waiting but the engine has not run for
+    /// [`tbrdma_engine::worker::CALLER_PASS_OVERDUE`] (an application slow to work through its
+    /// completions still acknowledges what arrives meanwhile).
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         if self.shared.is_empty() {
             self.device.progress()?;
+        } else if self.device.inner.engine.pass_overdue() {
+            // The completions already queued are delivered whatever this pass meets: an engine
+            // that failed reports it at the poll that finds the queue empty (the flushed
+            // completions come first).
+            let _ = self.device.progress();
         }
         self.shared
             .poll(out)
