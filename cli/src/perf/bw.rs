@@ -32,8 +32,14 @@ use crate::perf::session::{
 
 /// Peak bandwidth is the best of these intervals.
 const PEAK_INTERVAL: Duration = Duration::from_millis(10);
-/// Memory for `--verify` source slots or SEND receive slots, per connection.
+/// Memory for READ source slots, per connection.
 const SLOT_BUDGET: usize = 64 << 20;
+/// Memory for SEND receive slots, per connection. More slots than keep the link busy only
+/// spread the receiver's writes over more memory than its caches hold: with 64 MiB of 1 MiB
+/// slots `bw --op send --size 1M` made 3800-4060 MiB/s, with 16 MiB 5290-5510 (same minutes,
+/// docs/performance.md). The sender's queue may be deeper than the receives: receive credit
+/// holds it back (`tbrdma_proto`'s `connection/credit.rs`).
+const RECV_SLOT_BUDGET: usize = 16 << 20;
 
 /// Runs `tbrdma bw`.
 pub fn run(args: BwArgs) -> anyhow::Result<()> {
@@ -54,7 +60,7 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
     let max = *sizes.iter().max().expect("at least one size");
     let qps = args.qps;
     let recv_slots = match args.op {
-        BwOp::Send => (SLOT_BUDGET / max).clamp(4, args.tx_depth.max(4) * 2),
+        BwOp::Send => (RECV_SLOT_BUDGET / max).clamp(4, args.tx_depth.max(4) * 2),
         _ => 0,
     };
     let source_slots = match args.op {
