@@ -105,8 +105,8 @@ pub fn first_difference_in(
 ///
 /// The receiver of a `bw --op send --verify` stream runs this on every byte, on the core that
 /// limits the stream, so it is cloned for wider vectors: built for the x86-64 baseline (SSE2)
-/// it checked 41 GB/s of a 16 KiB piece in L1, for AVX2 or AVX-512 83-88 GB/s (one core of
-/// the 2-core VM of docs/performance.md).
+/// it checked 36-41 GB/s of a 16 KiB piece in L1, for AVX2 62 GB/s, for AVX-512 77-88 GB/s
+/// (one core of the 2-core VM of docs/performance.md).
 #[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2"))]
 fn mismatch_from(seed: u64, first_word: u64, got: &[u8]) -> Option<usize> {
     let mut spread = PHI.wrapping_mul(first_word);

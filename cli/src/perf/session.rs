@@ -227,7 +227,7 @@ pub struct Link {
     pub qp: QueuePair,
     cq: CompletionQueue,
     backlog: VecDeque<WorkCompletion>,
-    buf: Vec<Completion>,
+    buf: [Completion; 1],
 }
 
 impl Link {
@@ -238,7 +238,7 @@ impl Link {
     /// --verify` checks every SEND where it landed) keeps acknowledging what arrives meanwhile.
     pub fn next(&mut self) -> anyhow::Result<Option<WorkCompletion>> {
         if self.backlog.is_empty() {
-            let n = self.cq.poll(&mut self.buf[..1])?;
+            let n = self.cq.poll(&mut self.buf)?;
             self.backlog.extend(self.buf[..n].iter().map(|c| c.wc));
         }
         match self.backlog.pop_front() {
@@ -452,7 +452,7 @@ impl Session {
                 qp: conn.qp,
                 cq,
                 backlog: VecDeque::new(),
-                buf: vec![Completion::default(); 1],
+                buf: [Completion::default(); 1],
             });
         }
         if let Some(server) = setup.server {

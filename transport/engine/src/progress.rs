@@ -159,8 +159,9 @@ impl Shared {
         }
     }
 
-    /// Caller mode: whether the loop has not run for [`crate::keeper::CALLER_PASS_OVERDUE`] (an application
-    /// working through completions it has already polled, without polling an empty queue).
+    /// Caller mode: whether the loop has not run for [`crate::keeper::CALLER_PASS_OVERDUE`] (an
+    /// application working through completions it has already polled, without polling an empty
+    /// queue).
     pub(crate) fn pass_overdue(&self) -> bool {
         self.progress == Progress::Caller
             && self

@@ -318,20 +318,18 @@ impl TxStream {
         if !self.next_send.before(self.next_psn) || in_flight >= self.peer_window {
             return None;
         }
-        match self.starts_receive_consuming(self.next_send) {
-            Some(n) if !self.credit.may_start(n) => None,
-            _ => Some(self.next_send),
-        }
+        (!self.waits_for_credit(self.next_send)).then_some(self.next_send)
     }
 
-    /// The receive ordinal of the message whose first packet is `psn`, if it is one that
-    /// consumes a receive (only such first packets need receive credit).
-    fn starts_receive_consuming(&self, psn: Psn) -> Option<u32> {
+    /// Whether the packet at `psn`, never sent, must wait for receive credit: only the first
+    /// packet of a receive-consuming message needs it.
+    fn waits_for_credit(&self, psn: Psn) -> bool {
         let index = self.messages.partition_point(|m| m.last_psn().before(psn));
         self.messages
             .get(index)
             .filter(|m| m.first_psn == psn)
             .and_then(|m| m.receive_ordinal)
+            .is_some_and(|n| !self.credit.may_start(n))
     }
 
     /// The peer reported its receive limit (in an ACK).
@@ -343,9 +341,7 @@ impl TxStream {
     /// fresh report (once per limit heard; see `credit.rs`).
     pub fn wants_credit_report(&mut self) -> bool {
         self.next_send.before(self.next_psn)
-            && self
-                .starts_receive_consuming(self.next_send)
-                .is_some_and(|n| !self.credit.may_start(n))
+            && self.waits_for_credit(self.next_send)
             && self.credit.ask()
     }
 
