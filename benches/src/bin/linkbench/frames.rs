@@ -8,10 +8,10 @@
 //! every receiver that delivers data must (the ring frame is handed back to the kernel) and as
 //! the engine does when it places a payload into a region: the server into its transmit buffer,
 //! which it sends back, the client into a landing buffer, as the UDP floor's `recv` does. That
-//! first read of a frame the other CPU's softirq wrote is the costliest pass over it: on the
-//! 2-vCPU test host the client's copy of a 16 KiB echo adds about 2 µs to the round trip (it
-//! only checked the echo's length before; docs/performance.md). Everything the packet engine adds on top of this
-//! (header, CRC, acknowledgements, completions) is what its ratio to this floor measures.
+//! first read of a frame the other CPU's softirq wrote is the costliest pass over it (the
+//! client's copy of a 16 KiB echo adds about 2 µs to the round trip on the 2-vCPU test host,
+//! docs/performance.md). Everything the packet engine adds on top of this (header, CRC,
+//! acknowledgements, completions) is what its ratio to this floor measures.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Instant;
@@ -51,7 +51,7 @@ fn receive(io: &mut PacketIo, mut into: CopyTo<'_>, what: &str) -> anyhow::Resul
         let mut got = None;
         io.recv(&mut None, &mut |data: &[u8], from: SocketAddr| {
             if got.is_none() {
-                got = Some((data.len(), from));
+                got = Some(data.len());
                 match &mut into {
                     CopyTo::Echo(batch) => {
                         if let Some(buf) = batch.next_buf() {
@@ -67,7 +67,7 @@ fn receive(io: &mut PacketIo, mut into: CopyTo<'_>, what: &str) -> anyhow::Resul
             }
         })
         .context("receiving a frame")?;
-        if let Some((len, _)) = got {
+        if let Some(len) = got {
             return Ok(len);
         }
         polls += 1;
