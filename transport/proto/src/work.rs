@@ -177,6 +177,10 @@ pub struct WorkCompletion {
     pub byte_len: u64,
     /// Immediate data carried by SEND_WITH_IMM or WRITE_WITH_IMM.
     pub imm: Option<u32>,
+    /// For a successful receive on a connection with [`crate::Config::message_crc`]: the
+    /// CRC-32C of the message's bytes as they were accepted from the wire and placed (for a
+    /// WRITE_WITH_IMM, the WRITE's bytes). `None` otherwise.
+    pub payload_crc: Option<u32>,
 }
 
 /// Why a work request was refused at post time. Requests that are accepted always complete;

@@ -399,6 +399,7 @@ impl Connection {
                 opcode: wr.op.completion_opcode(),
                 byte_len: 0,
                 imm: None,
+                payload_crc: None,
             });
             return Ok(());
         }
@@ -440,6 +441,7 @@ impl Connection {
                 opcode: WcOpcode::Recv,
                 byte_len: 0,
                 imm: None,
+                payload_crc: None,
             });
             return Ok(());
         }
@@ -1031,6 +1033,7 @@ impl Connection {
                 opcode: WcOpcode::Recv,
                 byte_len: 0,
                 imm: None,
+                payload_crc: None,
             });
         }
         self.tx.clear(&mut self.timers);

@@ -242,30 +242,32 @@ impl Connection {
     }
 
     /// Every packet of a message arrived: complete what it was for.
-    pub(super) fn complete_message(&mut self, target: InTarget, msg_len: u64) {
-        match target {
-            InTarget::Recv { wr_id, imm, .. } => {
-                self.push_recv_completion(wr_id, WcStatus::Success, WcOpcode::Recv, msg_len, imm);
-            }
+    /// Completes a message whose last packet was placed; `crc` is its CRC-32C when the
+    /// connection builds them (`Config::message_crc`).
+    pub(super) fn complete_message(&mut self, target: InTarget, msg_len: u64, crc: Option<u32>) {
+        let (wr_id, opcode, imm) = match target {
+            InTarget::Recv { wr_id, imm, .. } => (wr_id, WcOpcode::Recv, imm),
             InTarget::Write {
                 recv: Some((wr_id, imm)),
                 ..
-            } => {
-                self.push_recv_completion(
-                    wr_id,
-                    WcStatus::Success,
-                    WcOpcode::RecvRdmaWithImm,
-                    msg_len,
-                    Some(imm),
-                );
-            }
-            InTarget::Write { recv: None, .. } => {}
+            } => (wr_id, WcOpcode::RecvRdmaWithImm, Some(imm)),
+            InTarget::Write { recv: None, .. } => return,
             InTarget::ReadResponse { req_psn, .. } => {
                 if let Some(entry) = self.sq.by_first_psn(req_psn) {
                     entry.responded = true;
                 }
+                return;
             }
-        }
+        };
+        self.completions.push_back(WorkCompletion {
+            wr_id,
+            queue: Queue::Recv,
+            status: WcStatus::Success,
+            opcode,
+            byte_len: msg_len,
+            imm,
+            payload_crc: crc,
+        });
     }
 
     pub(super) fn push_recv_completion(
@@ -283,6 +285,7 @@ impl Connection {
             opcode,
             byte_len,
             imm,
+            payload_crc: None,
         });
     }
 
@@ -419,6 +422,7 @@ impl Connection {
                 opcode: WcOpcode::Recv,
                 byte_len: 0,
                 imm: None,
+                payload_crc: None,
             });
         }
     }

@@ -41,6 +41,9 @@ struct InMessage {
     /// say the same, or it is dropped as malformed (a peer could otherwise stretch a message
     /// past the receive or the range its first packet was checked against).
     says: MessageClaims,
+    /// With `Config::message_crc`: the CRC-32C of the packets before `expected`, folded in
+    /// order (packets placed ahead of a gap wait in `RxStream::crcs`).
+    crc: Option<u32>,
 }
 
 /// What every packet of one message repeats about the whole message.
@@ -83,6 +86,11 @@ pub(super) struct RxStream {
     /// longer than the window (packets beyond it are dropped before they get here), so what a
     /// message keeps is bounded by the window whatever length its first packet claims.
     received: VecDeque<bool>,
+    /// With `Config::message_crc`: the payload CRC of each packet in `received` (0 where none
+    /// arrived yet), in step with it. Empty otherwise.
+    crcs: VecDeque<u32>,
+    /// `crc_algebra::shift_factor` of the agreed payload length, and that length.
+    full_factor: Option<(u32, u32)>,
     pending_nak: Option<Ext>,
     nak_sent_for: Option<Psn>,
     /// Packets of later messages that arrived early (another rail, jitter), kept until the
@@ -105,6 +113,8 @@ impl RxStream {
             expected: Psn(0),
             current: None,
             received: VecDeque::new(),
+            crcs: VecDeque::new(),
+            full_factor: None,
             pending_nak: None,
             nak_sent_for: None,
             stash: Vec::new(),
@@ -175,6 +185,7 @@ impl RxStream {
     pub fn clear(&mut self) {
         self.current = None;
         self.received.clear();
+        self.crcs.clear();
         self.pending_nak = None;
         self.stash.clear();
     }
@@ -256,6 +267,58 @@ impl RxStream {
     pub fn abandon_message(&mut self) {
         self.current = None;
         self.received.clear();
+        self.crcs.clear();
+    }
+
+    /// The shift factor of a full packet's payload (`max_payload` bytes), computed once.
+    fn full_factor(&mut self, max_payload: u32) -> u32 {
+        match self.full_factor {
+            Some((len, factor)) if len == max_payload => factor,
+            _ => {
+                let factor = wire::crc_algebra::shift_factor(u64::from(max_payload));
+                self.full_factor = Some((max_payload, factor));
+                factor
+            }
+        }
+    }
+
+    /// Records that the packet `ahead` places after `expected` was placed (with its payload
+    /// CRC when the connection builds message CRCs), and moves `expected` past every packet
+    /// now received in a row, folding their CRCs into the message's in order.
+    fn mark_received(&mut self, ahead: usize, packet_crc: Option<u32>, max_payload: u32) {
+        if self.received.len() <= ahead {
+            self.received.resize(ahead + 1, false);
+        }
+        self.received[ahead] = true;
+        if let Some(crc) = packet_crc {
+            if self.crcs.len() <= ahead {
+                self.crcs.resize(ahead + 1, 0);
+            }
+            self.crcs[ahead] = crc;
+        }
+        while self.received.front() == Some(&true) {
+            self.received.pop_front();
+            let packet_crc = self.crcs.pop_front();
+            if let (Some(crc), Some(message)) = (packet_crc, self.current.as_ref()) {
+                // This packet's length: every packet but a message's last is full.
+                let index = self.expected.distance_from(message.first_psn);
+                let start = u64::from(index) * u64::from(max_payload);
+                let len = message
+                    .msg_len
+                    .saturating_sub(start)
+                    .min(u64::from(max_payload));
+                let factor = self.full_factor(max_payload);
+                if let Some(acc) = self.current.as_mut().and_then(|m| m.crc.as_mut()) {
+                    let shifted = if len == u64::from(max_payload) {
+                        wire::crc_algebra::shift_by(*acc, factor)
+                    } else {
+                        wire::crc_algebra::shift(*acc, len)
+                    };
+                    *acc = shifted ^ crc;
+                }
+            }
+            self.expected = self.expected.plus(1);
+        }
     }
 
     /// The responder has no receive for the message starting at `psn`: ask the sender to retry
@@ -497,8 +560,10 @@ impl Connection {
                 msg_len: seg.msg_len,
                 target,
                 says: MessageClaims::of(packet, seg),
+                crc: self.config.message_crc.then_some(0),
             });
             self.rx.received.clear();
+            self.rx.crcs.clear();
             if psn != self.rx.expected {
                 self.stats.out_of_order_placed += 1;
             }
@@ -514,19 +579,15 @@ impl Connection {
             return false;
         }
         Connection::place(&current.target, seg.offset, payload, seg.msg_len, mem);
-        if self.rx.received.len() <= ahead {
-            self.rx.received.resize(ahead + 1, false);
-        }
-        self.rx.received[ahead] = true;
-        let mut expected = self.rx.expected;
-        while self.rx.received.front() == Some(&true) {
-            self.rx.received.pop_front();
-            expected = expected.plus(1);
-        }
-        self.rx.expected = expected;
-        if expected.distance_from(current.first_psn) == current.npackets {
+        let (first_psn, npackets) = (current.first_psn, current.npackets);
+        let packet_crc = self.config.message_crc.then(|| {
+            let full = self.max_payload;
+            packet.payload_crc(full as usize, self.rx.full_factor(full))
+        });
+        self.rx.mark_received(ahead, packet_crc, self.max_payload);
+        if self.rx.expected.distance_from(first_psn) == npackets {
             let done = self.rx.current.take().expect("current message exists");
-            self.complete_message(done.target, done.msg_len);
+            self.complete_message(done.target, done.msg_len, done.crc);
             self.ack.ack_deferrable();
         } else if !psn.before(self.rx.expected) {
             // Placed ahead of a gap (the expected sequence number did not move past it): tell

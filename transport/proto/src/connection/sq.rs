@@ -67,6 +67,7 @@ impl SqEntry {
                 0
             },
             imm: None,
+            payload_crc: None,
         }
     }
 }

@@ -54,6 +54,28 @@ pub struct Packet<'a> {
     pub ext: Ext,
     /// Payload bytes (empty for control packets).
     pub payload: &'a [u8],
+    /// The bytes in front of the payload (headers, CRC field included).
+    pub head: &'a [u8],
+    /// The datagram's CRC, as carried and checked.
+    pub crc: u32,
+}
+
+impl Packet<'_> {
+    /// The CRC-32C of the payload alone, taken out of the datagram's CRC: the payload is not
+    /// read again, only the header's CRC is computed (see [`super::crc_algebra`]).
+    /// `full_factor` is [`super::crc_algebra::shift_factor`] of `full_len`, for the length
+    /// most payloads have; any other length costs a factor of its own.
+    pub fn payload_crc(&self, full_len: usize, full_factor: u32) -> u32 {
+        use super::crc_algebra::{shift, shift_by};
+        let head_crc = super::crc_of_parts(self.head, |_| {});
+        let len = self.payload.len();
+        let shifted = if len == full_len {
+            shift_by(head_crc, full_factor)
+        } else {
+            shift(head_crc, len as u64)
+        };
+        self.crc ^ shifted
+    }
 }
 
 /// Decodes one datagram. Never panics, never reads outside `datagram`.
@@ -109,6 +131,7 @@ pub fn decode(datagram: &[u8]) -> Result<Packet<'_>, DecodeError> {
     };
     let payload_start = COMMON_HEADER_LEN + ext_len;
     let payload = datagram.get(payload_start..).ok_or(short)?;
+    let head = datagram.get(..payload_start).ok_or(short)?;
     let ext = decode_ext(&mut r, opcode, payload)?;
     if let Some(seg) = ext.segment() {
         let end = seg.offset.checked_add(payload.len() as u64);
@@ -127,6 +150,8 @@ pub fn decode(datagram: &[u8]) -> Result<Packet<'_>, DecodeError> {
         header,
         ext,
         payload,
+        head,
+        crc,
     })
 }
 

@@ -5,6 +5,7 @@
 //! A datagram is a 32-byte common header, an extension header whose size the opcode fixes, and
 //! a payload. All integers are little-endian (every host tbrdma targets is).
 
+pub mod crc_algebra;
 mod decode;
 mod encode;
 mod opcode;
