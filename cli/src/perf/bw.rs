@@ -7,15 +7,19 @@
 //! connection's message count. Completions of the peer's next phase that arrive before this
 //! side has left the current one are carried over.
 //!
-//! `--verify`: every byte of every SEND is checked where it landed, in its receive slot, as its
-//! completion is polled; for WRITE, the receiver checks at the end of each size that its region
-//! holds exactly the last message; for READ, every READ is checked against the peer's fixed
-//! pattern. Message `k` of a connection is sent from source slot `k % S`, which holds pattern
-//! `k % S` of the size, written once before the size's clock starts: sending verified data then
-//! costs the sender nothing, and the window is not limited by the slots. `S` is at least 2 and
-//! does not divide the number of receive slots, so the message a receive slot held before (or
-//! the target held before the last WRITE) carries another pattern: a datagram that was never
-//! placed is caught.
+//! `--verify`: every SEND is checked as its completion is polled: its bytes through the CRC-32C
+//! the receiving engine built from the datagrams it accepted and placed
+//! (`Config::message_crc`), compared with its pattern's, and where they landed by probing its
+//! receive slot one word every 4 KiB (every byte of the slot when the CRC is missing or
+//! differs; see [`Run::check_send`]). For WRITE, the receiver checks at the end of each size
+//! that its region holds exactly the last message; for READ, every READ is checked against the
+//! peer's fixed pattern. Message `k` of a connection leaves from byte `64 · (k % S)` of a
+//! source holding the size's pattern with `S − 1` lines to spare, written once before the
+//! size's clock starts, so it carries the pattern from word `8 · (k % S)` on: sending verified
+//! data costs the sender nothing, its source is as long as without `--verify`, and the window
+//! is not limited by it. `S` is at least 2 and does not divide the number of receive slots, so
+//! the message a receive slot held before (or the target held before the last WRITE) differs
+//! in every word: a datagram that was never placed is caught.
 
 use std::time::{Duration, Instant};
 
@@ -40,6 +44,11 @@ const SLOT_BUDGET: usize = 64 << 20;
 /// docs/performance.md). The sender's queue may be deeper than the receives: receive credit
 /// holds it back (`tbrdma_proto`'s `connection/credit.rs`).
 const RECV_SLOT_BUDGET: usize = 16 << 20;
+/// With `--verify`, message `k` leaves from byte `SHIFT_BYTES · (k % S)` of one buffer that
+/// holds the pattern with room to spare, so it carries the pattern from that word on: the
+/// sender's source stays one message (plus a few lines) long, as without `--verify`. A cache
+/// line, so every message leaves from where it would without `--verify`, alignment-wise.
+const SHIFT_BYTES: usize = 64;
 
 /// Runs `tbrdma bw`.
 pub fn run(args: BwArgs) -> anyhow::Result<()> {
@@ -65,13 +74,17 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
     };
     let source_slots = match args.op {
         BwOp::Read => (SLOT_BUDGET / max).clamp(1, args.tx_depth),
-        _ if args.verify => pattern_slots(recv_slots),
         _ => 1,
     };
+    let shifts = match args.op {
+        BwOp::Send | BwOp::Write if args.verify => pattern_shifts(recv_slots),
+        _ => 1,
+    };
+    let source_len = max * source_slots + SHIFT_BYTES * (shifts - 1);
     let slot_len = max.max(DONE_LEN);
     let remote_access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let target = pd.alloc_mr(max * qps, remote_access)?;
-    let source = pd.alloc_mr(max * source_slots * qps, Access::LOCAL_WRITE)?;
+    let source = pd.alloc_mr(source_len * qps, Access::LOCAL_WRITE)?;
     let recv = match recv_slots {
         0 => None,
         n => Some(pd.alloc_mr(slot_len * n * qps, Access::LOCAL_WRITE)?),
@@ -104,6 +117,7 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
             send_depth: window + 4,
             recv_depth: recv_slots + 4,
             control_recvs: args.op != BwOp::Send,
+            message_crc: args.verify && args.op == BwOp::Send,
             announce,
         },
     )?;
@@ -115,6 +129,8 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
         window,
         max,
         source_slots,
+        shifts,
+        source_len,
         recv_slots,
         slot_len,
         timeout: session.timeout,
@@ -124,6 +140,7 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
         recv,
         peer,
         read_pattern,
+        pattern_crcs: Vec::new(),
         carry: vec![Vec::new(); qps],
     };
     for l in 0..qps {
@@ -167,11 +184,11 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The number of source slots, with distinct patterns, that `--verify` sends from: the smallest
-/// from 2 up that does not divide `recv_slots`, so consecutive messages into one receive slot
-/// (which the receive queue uses in turn) carry different patterns. With no receive slots
+/// The number of pattern shifts that `--verify` cycles through: the smallest from 2 up that
+/// does not divide `recv_slots`, so consecutive messages into one receive slot (which the
+/// receive queue uses in turn) carry different words. With no receive slots
 /// (WRITE), 2: the target's previous message differs from the last one.
-fn pattern_slots(recv_slots: usize) -> usize {
+fn pattern_shifts(recv_slots: usize) -> usize {
     if recv_slots == 0 {
         return 2;
     }
@@ -192,7 +209,12 @@ struct Run {
     posting: bool,
     window: usize,
     max: usize,
+    /// READ landing slots (1 for the other operations).
     source_slots: usize,
+    /// Pattern shifts that consecutive messages cycle through with `--verify` (1 otherwise).
+    shifts: usize,
+    /// Bytes of the source region per connection.
+    source_len: usize,
     recv_slots: usize,
     slot_len: usize,
     timeout: Duration,
@@ -202,6 +224,9 @@ struct Run {
     recv: Option<MemoryRegion>,
     peer: Remote,
     read_pattern: Vec<u8>,
+    /// With `--verify` and SEND: the CRC-32C of each pattern shift for the current size,
+    /// which every received message's must equal.
+    pattern_crcs: Vec<u32>,
     /// Per connection: the peer's completions of the next phase, seen early.
     carry: Vec<Vec<WorkCompletion>>,
 }
@@ -294,27 +319,81 @@ impl Run {
         Ok(())
     }
 
-    /// The pattern message `k` of a connection carries: that of its source slot.
-    fn pattern_of(&self, k: u64) -> u64 {
-        k % self.source_slots as u64
+    /// The pattern word message `k` of a connection starts at (see [`SHIFT_BYTES`]).
+    fn shift_of(&self, k: u64) -> u64 {
+        (k % self.shifts as u64) * (SHIFT_BYTES / 8) as u64
     }
 
-    /// With `--verify`, writes each source slot's pattern for `size` (before the clock starts).
+    /// With `--verify`, writes the pattern for `size` into each connection's source, with
+    /// room for every shift (before the clock starts).
     fn fill_patterns(&mut self, size: usize) {
         if !self.verify || self.op == BwOp::Read || !self.posting {
             return;
         }
-        let mut bytes = vec![0u8; size];
+        let mut bytes = vec![0u8; size + SHIFT_BYTES * (self.shifts - 1)];
+        pattern::fill(0, size, &mut bytes);
         for l in 0..self.session.links.len() {
-            for j in 0..self.source_slots {
-                pattern::fill(j as u64, size, &mut bytes);
-                self.source.write(self.source_offset(l, j as u64), &bytes);
-            }
+            self.source.write(l * self.source_len, &bytes);
         }
     }
 
+    /// Where message `k` of connection `l` leaves from: its READ slot, or its pattern shift.
     fn source_offset(&self, l: usize, k: u64) -> usize {
-        (l * self.source_slots + (k % self.source_slots as u64) as usize) * self.max
+        let slot = (k % self.source_slots as u64) as usize * self.max;
+        let shift = (k % self.shifts as u64) as usize * SHIFT_BYTES;
+        l * self.source_len + slot + shift
+    }
+
+    /// With `--verify` and SEND, the CRC of each pattern shift for `size` (before the clock
+    /// starts), for [`Self::check_send`].
+    fn compute_pattern_crcs(&mut self, size: usize) {
+        self.pattern_crcs = if self.verify && self.op == BwOp::Send {
+            (0..self.shifts as u64)
+                .map(|j| pattern::crc(0, size, self.shift_of(j)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+    }
+
+    /// Checks SEND `k` of connection `l`, received into receive slot `slot`. Its content is
+    /// vouched for by the CRC-32C the receiving engine built from the datagrams it accepted
+    /// and placed (`crc`), compared with its pattern's: the bytes are not read again. Where
+    /// they landed is probed one word every `PROBE_STRIDE` bytes. Without a CRC, or with one
+    /// that differs, every byte of the slot is checked, which names the first bad one.
+    fn check_send(
+        &self,
+        l: usize,
+        slot: usize,
+        k: u64,
+        size: usize,
+        crc: Option<u32>,
+    ) -> anyhow::Result<()> {
+        let recv = self.recv.as_ref().expect("receive slots");
+        let at = slot * self.slot_len;
+        let shift = self.shift_of(k);
+        let want_crc = self
+            .pattern_crcs
+            .get((k % self.shifts as u64) as usize)
+            .copied();
+        let bad = if crc.is_some() && crc == want_crc {
+            pattern::first_probe_mismatch_in(recv, at, 0, size, shift)
+        } else {
+            pattern::first_mismatch_in(recv, at, 0, size, shift)
+        };
+        if let Some(byte) = bad {
+            bail!(
+                "verification failed at byte {byte} of iteration {k} ({size}-byte SEND, connection {l})"
+            );
+        }
+        if let (Some(got), Some(want)) = (crc, want_crc) {
+            if got != want {
+                bail!(
+                    "verification failed for iteration {k} ({size}-byte SEND, connection {l}): its slot holds the pattern, but the CRC-32C the engine built from its datagrams is {got:#010x}, not the pattern's {want:#010x}"
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Posts as many requests on connection `l` as the window and the limit allow.
@@ -376,8 +455,8 @@ impl Run {
                 session::done_words(&raw)
             };
             if self.verify && self.op == BwOp::Write && words[4] > 0 {
-                let last = self.pattern_of(words[4] - 1);
-                let bad = pattern::first_mismatch_in(&self.target, l * self.max, last, size);
+                let last = self.shift_of(words[4] - 1);
+                let bad = pattern::first_mismatch_in(&self.target, l * self.max, 0, size, last);
                 if let Some(at) = bad {
                     bail!(
                         "verification failed at byte {at} of iteration {} ({size}-byte WRITE, connection {l})",
@@ -398,14 +477,7 @@ impl Run {
                 );
             }
             if self.verify {
-                let recv = self.recv.as_ref().expect("receive slots");
-                let want = self.pattern_of(k);
-                let bad = pattern::first_mismatch_in(recv, slot * self.slot_len, want, size);
-                if let Some(at) = bad {
-                    bail!(
-                        "verification failed at byte {at} of iteration {k} ({size}-byte SEND, connection {l})"
-                    );
-                }
+                self.check_send(l, slot, k, size, wc.payload_crc)?;
             }
             self.post_recv(l, slot - l * self.recv_slots)?;
         } else if wc.wr_id & CONTROL != 0 {
@@ -443,6 +515,7 @@ impl Run {
             }
         }
         self.fill_patterns(size);
+        self.compute_pattern_crcs(size);
         let mut meter = Meter::new();
         let (cap, deadline) = match limit {
             Limit::Messages(n) => (n, None),
@@ -548,12 +621,12 @@ impl Run {
 
 #[cfg(test)]
 mod tests {
-    use super::pattern_slots;
+    use super::pattern_shifts;
 
     #[test]
     fn consecutive_messages_into_one_slot_carry_different_patterns() {
         for recv in [0, 1, 2, 4, 6, 12, 60, 64, 256] {
-            let s = pattern_slots(recv);
+            let s = pattern_shifts(recv);
             assert!(s >= 2, "{recv}: {s}");
             if recv > 0 {
                 assert_ne!(recv % s, 0, "{recv}: {s}");

@@ -57,14 +57,17 @@ pub fn first_mismatch(iteration: u64, size: usize, got: &[u8]) -> Option<usize> 
         .or_else(|| (n < size || got.len() != size).then_some(n))
 }
 
-/// [`first_mismatch`] for the `size` bytes of `region` at `offset`. They are copied out in
-/// L1-sized pieces and checked there: a region a peer can write is never viewed in place
-/// (see `MemoryRegion::with_bytes`), and a piece this small costs little next to the check.
+/// [`first_mismatch`] for the `size` bytes of `region` at `offset`, which should hold the
+/// pattern from its word `shift` on (0: the message's own pattern; see [`crc`]). They are
+/// copied out in L1-sized pieces and checked there: a region a peer can write is never viewed
+/// in place (see `MemoryRegion::with_bytes`), and a piece this small costs little next to the
+/// check.
 pub fn first_mismatch_in(
     region: &tbrdma_verbs::MemoryRegion,
     offset: usize,
     iteration: u64,
     size: usize,
+    shift: u64,
 ) -> Option<usize> {
     const PIECE: usize = 16 << 10;
     let mut piece = [0u8; PIECE];
@@ -73,10 +76,54 @@ pub fn first_mismatch_in(
     while done < size {
         let len = (size - done).min(PIECE);
         region.read(offset + done, &mut piece[..len]);
-        if let Some(at) = mismatch_from(seed, (done / 8) as u64, &piece[..len]) {
+        if let Some(at) = mismatch_from(seed, shift + (done / 8) as u64, &piece[..len]) {
             return Some(done + at);
         }
         done += len;
+    }
+    None
+}
+
+/// The CRC-32C of `size` bytes of the pattern of (`iteration`, `size`) from its word `shift`
+/// on, to compare with the one a receive completion carries
+/// (`tbrdma_verbs::WorkCompletion::payload_crc`).
+///
+/// `tbrdma bw` sends message `k` from byte `8·(k % S)` of one buffer holding the pattern with
+/// `S − 1` words to spare: consecutive messages differ in every word (the pattern's words are
+/// all distinct), and the sender's source stays one message long, as without `--verify`.
+pub fn crc(iteration: u64, size: usize, shift: u64) -> u32 {
+    let skip = 8 * shift as usize;
+    let mut bytes = vec![0u8; skip + size];
+    fill(iteration, size, &mut bytes);
+    tbrdma_proto::wire::crc_algebra::crc32c(&bytes[skip..])
+}
+
+/// Bytes between the words [`first_probe_mismatch_in`] reads.
+pub const PROBE_STRIDE: usize = 4 << 10;
+
+/// [`first_mismatch_in`] for one word every [`PROBE_STRIDE`] bytes and the message's last
+/// word, not every byte: for a message whose content a CRC already vouched for, whether it
+/// landed where it should. A datagram placed at the wrong offset, or not at all (the slot then
+/// holds another pattern), spans several probes.
+pub fn first_probe_mismatch_in(
+    region: &tbrdma_verbs::MemoryRegion,
+    offset: usize,
+    iteration: u64,
+    size: usize,
+    shift: u64,
+) -> Option<usize> {
+    let seed = seed(iteration, size);
+    let last_word = size.saturating_sub(1) / 8 * 8;
+    let probes = (0..size)
+        .step_by(PROBE_STRIDE)
+        .chain((size > 0).then_some(last_word));
+    let mut word = [0u8; 8];
+    for at in probes {
+        let got = &mut word[..(size - at).min(8)];
+        region.read(offset + at, got);
+        if let Some(i) = mismatch_from(seed, shift + (at / 8) as u64, got) {
+            return Some(at + i);
+        }
     }
     None
 }
@@ -219,5 +266,73 @@ mod tests {
         let mut long = good.clone();
         long.push(0);
         assert_eq!(first_mismatch(2, 64, &long), Some(64));
+    }
+
+    /// A region of `bytes` on a loopback device (caller progress: no engine thread).
+    fn region(bytes: usize) -> (tbrdma_verbs::Device, tbrdma_verbs::MemoryRegion) {
+        use tbrdma_verbs::{Access, Device, DeviceConfig, EngineConfig, Progress};
+        let config = DeviceConfig {
+            engine: EngineConfig {
+                progress: Progress::Caller,
+                ..EngineConfig::default()
+            },
+            port: 0,
+        };
+        let dev = Device::open("127.0.0.1", config).expect("loopback device");
+        let mr = dev
+            .alloc_pd()
+            .alloc_mr(bytes, Access::LOCAL_WRITE)
+            .expect("region");
+        (dev, mr)
+    }
+
+    #[test]
+    fn the_pattern_crc_is_that_of_its_bytes() {
+        for size in [0, 1, 9, 4096, 65_537] {
+            assert_eq!(
+                crc(4, size, 0),
+                tbrdma_proto::wire::crc_algebra::crc32c(&make(4, size))
+            );
+            let mut longer = vec![0u8; size + 16];
+            fill(4, size, &mut longer);
+            let shifted = tbrdma_proto::wire::crc_algebra::crc32c(&longer[16..]);
+            assert_eq!(crc(4, size, 2), shifted);
+        }
+        assert_ne!(crc(4, 4096, 0), crc(5, 4096, 0));
+        assert_ne!(crc(4, 4096, 0), crc(4, 4096, 1));
+    }
+
+    #[test]
+    fn probes_find_a_misplaced_or_missing_datagram_and_the_last_word() {
+        let size = 200_003;
+        let (_dev, mr) = region(size + 64);
+        let good = make(3, size);
+        mr.write(64, &good);
+        assert_eq!(first_probe_mismatch_in(&mr, 64, 3, size, 0), None);
+        // A datagram that was never placed: its range still holds another iteration's bytes.
+        mr.write(64 + 65_536, &make(4, size)[65_536..131_072]);
+        // (Reported at the first byte that differs, inside the first word probed in it.)
+        let word = |at: Option<usize>| at.map(|byte| byte / 8 * 8);
+        assert_eq!(
+            word(first_probe_mismatch_in(&mr, 64, 3, size, 0)),
+            Some(65_536)
+        );
+        // A datagram placed one payload too far.
+        mr.write(64, &good);
+        mr.write(64 + 131_072, &good[65_536..131_072]);
+        assert_eq!(
+            word(first_probe_mismatch_in(&mr, 64, 3, size, 0)),
+            Some(131_072)
+        );
+        // The message's last byte is probed.
+        mr.write(64, &good);
+        mr.write(64 + size - 1, &[good[size - 1] ^ 1]);
+        assert_eq!(first_probe_mismatch_in(&mr, 64, 3, size, 0), Some(size - 1));
+        for tiny in [1, 7, 8, 13] {
+            mr.write(64, &make(3, tiny));
+            assert_eq!(first_probe_mismatch_in(&mr, 64, 3, tiny, 0), None, "{tiny}");
+            mr.write(64 + tiny - 1, &[make(3, tiny)[tiny - 1] ^ 0x80]);
+            assert_eq!(first_probe_mismatch_in(&mr, 64, 3, tiny, 0), Some(tiny - 1));
+        }
     }
 }

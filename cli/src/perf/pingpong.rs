@@ -164,6 +164,7 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
             recv_depth: RECV_SLOTS + 4,
             // SEND runs receive DONE in a data slot: receives are consumed in posted order.
             control_recvs: args.op != LatOp::Send,
+            message_crc: false,
             announce,
         },
     )?;
@@ -401,7 +402,7 @@ impl Run<'_> {
         };
         if self.verify {
             // The peer's seq equals ours: both advance it once per iteration.
-            let bad = pattern::first_mismatch_in(region, at, r.seq, r.size);
+            let bad = pattern::first_mismatch_in(region, at, r.seq, r.size, 0);
             if let Some(byte) = bad {
                 bail!(
                     "verification failed at byte {byte} of iteration {} ({}-byte {what})",

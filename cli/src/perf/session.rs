@@ -345,6 +345,9 @@ pub struct Setup<'a> {
     /// Whether to post receives for DONE messages. Receives are consumed in the order they
     /// were posted, so a tool whose data arrives by SEND takes DONE in its data slots instead.
     pub control_recvs: bool,
+    /// Whether receive completions carry their message's CRC-32C
+    /// (`tbrdma_verbs::Config::message_crc`).
+    pub message_crc: bool,
     /// What to announce.
     pub announce: Announce,
 }
@@ -397,6 +400,7 @@ impl Session {
                 rnr_delay: Duration::from_micros(100),
                 // A peer still setting up (or verifying a large payload) is not a failure.
                 max_rnr_retries: retries_for_timeout,
+                message_crc: setup.message_crc,
                 ..Config::default()
             },
             private_data: serde_json::to_vec(&setup.announce).expect("plain data serializes"),
