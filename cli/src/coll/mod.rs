@@ -54,8 +54,8 @@ pub struct CommArgs {
     /// by (N-1)²), in bytes, K/M suffixes.
     #[arg(long, value_name = "BYTES", default_value = "256K")]
     pub one_shot_max: String,
-    /// Bytes per pre-registered slot (the pipelining unit).
-    #[arg(long, value_name = "BYTES", default_value = "512K")]
+    /// Bytes per pre-registered slot (the pipelining unit; the library's default).
+    #[arg(long, value_name = "BYTES", default_value = "256K")]
     pub slot_bytes: String,
     /// Slots per neighbour.
     #[arg(long, default_value_t = 8)]
