@@ -103,8 +103,8 @@ pub const PROBE_STRIDE: usize = 4 << 10;
 
 /// [`first_mismatch_in`] for one word every [`PROBE_STRIDE`] bytes and the message's last
 /// word, not every byte: for a message whose content a CRC already vouched for, whether it
-/// landed where it should. A datagram placed at the wrong offset, or not at all (the slot then
-/// holds another pattern), spans several probes.
+/// landed where it should. A datagram of at least [`PROBE_STRIDE`] bytes placed at the wrong
+/// offset, or not at all (the slot then holds another pattern), covers a probe.
 pub fn first_probe_mismatch_in(
     region: &tbrdma_verbs::MemoryRegion,
     offset: usize,

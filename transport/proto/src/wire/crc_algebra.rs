@@ -82,15 +82,10 @@ pub fn combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
 mod tests {
     use super::*;
 
+    /// Bytes that look random enough for a CRC (a multiplicative hash of the index).
     fn bytes(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
+        (0..len as u64)
+            .map(|i| ((i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
             .collect()
     }
 
