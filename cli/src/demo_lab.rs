@@ -105,37 +105,28 @@ pub fn run() -> anyhow::Result<()> {
             client,
         )?;
     }
-    let server = strings(&[
-        "bw",
-        "--bind",
-        &s0,
-        "--op",
-        "write",
-        "--size",
-        "1048576",
-        "--duration",
-        "2",
-        "--verify",
-    ]);
-    let client = strings(&[
-        "bw",
-        &s0,
-        "--bind",
-        &c0,
-        "--op",
-        "write",
-        "--size",
-        "1048576",
-        "--duration",
-        "2",
-        "--verify",
-    ]);
-    run_pair(
-        &name,
-        "bandwidth, 1 MiB RDMA WRITEs (like ib_write_bw)",
-        server,
-        client,
-    )?;
+    for (op, title) in [
+        ("write", "bandwidth, 1 MiB RDMA WRITEs (like ib_write_bw)"),
+        (
+            "send",
+            "bandwidth, 1 MiB SENDs, each checked through the CRC-32C the engine built from its datagrams",
+        ),
+    ] {
+        let common = [
+            "--op",
+            op,
+            "--size",
+            "1048576",
+            "--duration",
+            "2",
+            "--verify",
+        ];
+        let mut server = strings(&["bw", "--bind", &s0]);
+        server.extend(strings(&common));
+        let mut client = strings(&["bw", &s0, "--bind", &c0]);
+        client.extend(strings(&common));
+        run_pair(&name, title, server, client)?;
+    }
     run_allreduce(&name)?;
     super::verbs::run(&name, &hostfile)?;
     println!("\nevery tbrdma run above verified its results end to end");
