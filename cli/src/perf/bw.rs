@@ -319,9 +319,14 @@ impl Run {
         Ok(())
     }
 
+    /// Which of the pattern shifts message `k` of a connection carries.
+    fn shift_index(&self, k: u64) -> usize {
+        (k % self.shifts as u64) as usize
+    }
+
     /// The pattern word message `k` of a connection starts at (see [`SHIFT_BYTES`]).
     fn shift_of(&self, k: u64) -> u64 {
-        (k % self.shifts as u64) * (SHIFT_BYTES / 8) as u64
+        (self.shift_index(k) * SHIFT_BYTES / 8) as u64
     }
 
     /// With `--verify`, writes the pattern for `size` into each connection's source, with
@@ -340,8 +345,7 @@ impl Run {
     /// Where message `k` of connection `l` leaves from: its READ slot, or its pattern shift.
     fn source_offset(&self, l: usize, k: u64) -> usize {
         let slot = (k % self.source_slots as u64) as usize * self.max;
-        let shift = (k % self.shifts as u64) as usize * SHIFT_BYTES;
-        l * self.source_len + slot + shift
+        l * self.source_len + slot + self.shift_index(k) * SHIFT_BYTES
     }
 
     /// With `--verify` and SEND, the CRC of each pattern shift for `size` (before the clock
@@ -372,10 +376,7 @@ impl Run {
         let recv = self.recv.as_ref().expect("receive slots");
         let at = slot * self.slot_len;
         let shift = self.shift_of(k);
-        let want_crc = self
-            .pattern_crcs
-            .get((k % self.shifts as u64) as usize)
-            .copied();
+        let want_crc = self.pattern_crcs.get(self.shift_index(k)).copied();
         let bad = if crc.is_some() && crc == want_crc {
             pattern::first_probe_mismatch_in(recv, at, 0, size, shift)
         } else {

@@ -86,11 +86,8 @@ pub fn first_mismatch_in(
 
 /// The CRC-32C of `size` bytes of the pattern of (`iteration`, `size`) from its word `shift`
 /// on, to compare with the one a receive completion carries
-/// (`tbrdma_verbs::WorkCompletion::payload_crc`).
-///
-/// `tbrdma bw` sends message `k` from byte `8·(k % S)` of one buffer holding the pattern with
-/// `S − 1` words to spare: consecutive messages differ in every word (the pattern's words are
-/// all distinct), and the sender's source stays one message long, as without `--verify`.
+/// (`tbrdma_verbs::WorkCompletion::payload_crc`). Shifted patterns are how `tbrdma bw` varies
+/// its messages without more source memory (its `SHIFT_BYTES`).
 pub fn crc(iteration: u64, size: usize, shift: u64) -> u32 {
     let skip = 8 * shift as usize;
     let mut bytes = vec![0u8; skip + size];

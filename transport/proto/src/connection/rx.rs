@@ -89,8 +89,8 @@ pub(super) struct RxStream {
     /// With `Config::message_crc`: the payload CRC of each packet in `received` (0 where none
     /// arrived yet), in step with it. Empty otherwise.
     crcs: VecDeque<u32>,
-    /// `crc_algebra::shift_factor` of the agreed payload length, and that length.
-    full_factor: Option<(u32, u32)>,
+    /// Shifts by the agreed payload length cheaply (made at the first message CRC).
+    shifter: Option<wire::crc_algebra::Shifter>,
     pending_nak: Option<Ext>,
     nak_sent_for: Option<Psn>,
     /// Packets of later messages that arrived early (another rail, jitter), kept until the
@@ -114,7 +114,7 @@ impl RxStream {
             current: None,
             received: VecDeque::new(),
             crcs: VecDeque::new(),
-            full_factor: None,
+            shifter: None,
             pending_nak: None,
             nak_sent_for: None,
             stash: Vec::new(),
@@ -270,15 +270,13 @@ impl RxStream {
         self.crcs.clear();
     }
 
-    /// The shift factor of a full packet's payload (`max_payload` bytes), computed once.
-    fn full_factor(&mut self, max_payload: u32) -> u32 {
-        match self.full_factor {
-            Some((len, factor)) if len == max_payload => factor,
-            _ => {
-                let factor = wire::crc_algebra::shift_factor(u64::from(max_payload));
-                self.full_factor = Some((max_payload, factor));
-                factor
-            }
+    /// The shifter of a full packet's payload (`max_payload` bytes), made once.
+    fn shifter(&mut self, max_payload: u32) -> wire::crc_algebra::Shifter {
+        match self.shifter {
+            Some(shifter) if shifter.cheap_len() == u64::from(max_payload) => shifter,
+            _ => *self
+                .shifter
+                .insert(wire::crc_algebra::Shifter::new(u64::from(max_payload))),
         }
     }
 
@@ -307,14 +305,9 @@ impl RxStream {
                     .msg_len
                     .saturating_sub(start)
                     .min(u64::from(max_payload));
-                let factor = self.full_factor(max_payload);
+                let shifter = self.shifter(max_payload);
                 if let Some(acc) = self.current.as_mut().and_then(|m| m.crc.as_mut()) {
-                    let shifted = if len == u64::from(max_payload) {
-                        wire::crc_algebra::shift_by(*acc, factor)
-                    } else {
-                        wire::crc_algebra::shift(*acc, len)
-                    };
-                    *acc = shifted ^ crc;
+                    *acc = shifter.shift(*acc, len) ^ crc;
                 }
             }
             self.expected = self.expected.plus(1);
@@ -580,10 +573,10 @@ impl Connection {
         }
         Connection::place(&current.target, seg.offset, payload, seg.msg_len, mem);
         let (first_psn, npackets) = (current.first_psn, current.npackets);
-        let packet_crc = self.config.message_crc.then(|| {
-            let full = self.max_payload;
-            packet.payload_crc(full as usize, self.rx.full_factor(full))
-        });
+        let packet_crc = self
+            .config
+            .message_crc
+            .then(|| packet.payload_crc(&self.rx.shifter(self.max_payload)));
         self.rx.mark_received(ahead, packet_crc, self.max_payload);
         if self.rx.expected.distance_from(first_psn) == npackets {
             let done = self.rx.current.take().expect("current message exists");

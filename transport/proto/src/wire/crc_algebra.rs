@@ -48,7 +48,7 @@ const POWERS: [u32; 67] = {
 };
 
 /// `x^(8·bytes) mod P`: the factor [`shift`] multiplies by.
-pub const fn shift_factor(bytes: u64) -> u32 {
+const fn shift_factor(bytes: u64) -> u32 {
     let mut factor = 1u32 << 31; // x^0
     let mut rest = bytes;
     let mut k = 3; // one byte is x^(2^3)
@@ -68,9 +68,36 @@ pub fn shift(crc: u32, bytes: u64) -> u32 {
     mul(shift_factor(bytes), crc)
 }
 
-/// [`shift`] with a factor from [`shift_factor`], for a length used again and again.
-pub fn shift_by(crc: u32, factor: u32) -> u32 {
-    mul(factor, crc)
+/// [`shift`] with the factor of one length computed once: for a connection's packets, all but
+/// a message's last of which have the same payload length.
+#[derive(Clone, Copy, Debug)]
+pub struct Shifter {
+    len: u64,
+    factor: u32,
+}
+
+impl Shifter {
+    /// A shifter whose cheap case is `len` bytes.
+    pub const fn new(len: u64) -> Shifter {
+        Shifter {
+            len,
+            factor: shift_factor(len),
+        }
+    }
+
+    /// The length it shifts by cheaply.
+    pub fn cheap_len(&self) -> u64 {
+        self.len
+    }
+
+    /// [`shift`]`(crc, bytes)`: one product when `bytes` is its length.
+    pub fn shift(&self, crc: u32, bytes: u64) -> u32 {
+        if bytes == self.len {
+            mul(self.factor, crc)
+        } else {
+            shift(crc, bytes)
+        }
+    }
 }
 
 /// The CRC-32C of `A ‖ B` from `crc(A)`, `crc(B)` and `|B|`.
@@ -115,14 +142,10 @@ mod tests {
     fn a_message_folds_from_its_packets_in_order() {
         let message = bytes(200_001, 11);
         let full = 65_472usize;
-        let factor = shift_factor(full as u64);
+        let shifter = Shifter::new(full as u64);
         let mut acc = 0;
         for packet in message.chunks(full) {
-            acc = if packet.len() == full {
-                shift_by(acc, factor)
-            } else {
-                shift(acc, packet.len() as u64)
-            } ^ crc32c(packet);
+            acc = shifter.shift(acc, packet.len() as u64) ^ crc32c(packet);
         }
         assert_eq!(acc, crc32c(&message));
         // The empty message: nothing folded.

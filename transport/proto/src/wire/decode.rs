@@ -62,19 +62,11 @@ pub struct Packet<'a> {
 
 impl Packet<'_> {
     /// The CRC-32C of the payload alone, taken out of the datagram's CRC: the payload is not
-    /// read again, only the header's CRC is computed (see [`super::crc_algebra`]).
-    /// `full_factor` is [`super::crc_algebra::shift_factor`] of `full_len`, for the length
-    /// most payloads have; any other length costs a factor of its own.
-    pub fn payload_crc(&self, full_len: usize, full_factor: u32) -> u32 {
-        use super::crc_algebra::{shift, shift_by};
+    /// read again, only the header's CRC is computed (see [`super::crc_algebra`]). `shifter`
+    /// is cheap for the length most payloads have.
+    pub fn payload_crc(&self, shifter: &super::crc_algebra::Shifter) -> u32 {
         let head_crc = super::crc_of_parts(self.head, |_| {});
-        let len = self.payload.len();
-        let shifted = if len == full_len {
-            shift_by(head_crc, full_factor)
-        } else {
-            shift(head_crc, len as u64)
-        };
-        self.crc ^ shifted
+        self.crc ^ shifter.shift(head_crc, self.payload.len() as u64)
     }
 }
 
