@@ -32,6 +32,11 @@ fn text(bytes: &[u8]) -> String {
 
 /// Runs `args` in both ranks at once (each with the same fresh `--port`); returns both outputs.
 fn both(lab: &Lab, args: &[&str]) -> [Output; 2] {
+    both_with_env(lab, args, &[])
+}
+
+/// [`both`], with `env` set for both ranks.
+fn both_with_env(lab: &Lab, args: &[&str], env: &[(&str, &str)]) -> [Output; 2] {
     let port = PORT.fetch_add(50, Ordering::Relaxed).to_string();
     let spawn = |rank: usize| {
         Command::new(TBRDMA)
@@ -39,6 +44,7 @@ fn both(lab: &Lab, args: &[&str]) -> [Output; 2] {
             .arg(TBRDMA)
             .args(args)
             .args(["--port", &port])
+            .envs(env.iter().copied())
             .output()
     };
     let (r0, r1) = std::thread::scope(|s| {
@@ -90,6 +96,9 @@ fn check_row(v: &Value, size: u64, dtype: &str, redop: &str) {
     assert_eq!(v["wrong"].as_u64(), Some(0), "{v}");
     let (time, median) = (num(v, "time_us"), num(v, "time_us_median"));
     assert!(time > 0.0 && median > 0.0, "{v}");
+    if let Some(p99) = v["time_us_p99"].as_f64() {
+        assert!(p99 >= median, "{v}");
+    }
     let (alg, bus) = (num(v, "algbw_gbs"), num(v, "busbw_gbs"));
     assert!(alg > 0.0 && bus > 0.0, "{v}");
 }
@@ -143,6 +152,46 @@ fn allreduce_sweeps_sizes_checks_every_iteration_and_prints_nccl_tests_rows() {
     assert!(table.contains("#   median per call"), "{table}");
     // As root (the lab needs it) the default engine is the packet engine.
     assert!(table.contains(", packet engine,"), "{table}");
+}
+
+/// Every tbrdma row counts the loss recovery of its timed calls: none where nothing was lost is
+/// not asserted (a slow poll may time out), but losses the fault layer makes must show.
+#[test]
+fn allreduce_rows_count_the_retransmissions_that_loss_causes() {
+    let Some((_serial, lab)) = lab("crecov") else {
+        return;
+    };
+    let args = [
+        "allreduce",
+        "-b",
+        "64K",
+        "-e",
+        "64K",
+        "--check",
+        "--json",
+        "-n",
+        "40",
+        "-w",
+        "2",
+    ];
+    let lossy = rows(
+        &both_with_env(&lab, &args, &[("TBRDMA_FAULTS", "drop=10%,seed=7")]),
+        "allreduce with 10% loss",
+    );
+    assert_eq!(lossy.len(), 1);
+    check_row(&lossy[0], 65536, "f32", "sum");
+    let recovery = &lossy[0]["recovery"];
+    assert!(
+        recovery["retransmits"].as_u64().is_some_and(|n| n > 0)
+            && recovery["timeouts"].as_u64().is_some(),
+        "{}",
+        lossy[0]
+    );
+    // The baselines have no such counters.
+    let tcp = [&args[..], &["--transport", "tcp"]].concat();
+    let rows_tcp = rows(&both(&lab, &tcp), "tcp ring");
+    assert!(rows_tcp[0].get("recovery").is_none(), "{}", rows_tcp[0]);
+    assert!(num(&rows_tcp[0], "time_us_p99") > 0.0, "{}", rows_tcp[0]);
 }
 
 #[test]

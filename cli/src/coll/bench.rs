@@ -80,9 +80,23 @@ struct Row {
     /// Median per call (the slowest rank's median); not an nccl-tests column: printed as a
     /// comment line under the row, a key in JSON.
     time_us_median: f64,
+    /// The 99th percentile per call (the slowest rank's): the tail a decode step of many
+    /// all-reduces feels through the mean.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    time_us_p99: Option<f64>,
     algbw_gbs: f64,
     busbw_gbs: f64,
     wrong: u64,
+    /// Retransmitted packets and retransmission timeouts in the timed calls, summed over the
+    /// ranks' links (tbrdma only): a tail made by loss recovery rather than by scheduling.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recovery: Option<Recovery>,
+}
+
+#[derive(Debug, Serialize, Clone, Copy)]
+struct Recovery {
+    retransmits: u64,
+    timeouts: u64,
 }
 
 fn list<T: std::str::FromStr<Err = String> + Copy>(s: &str, all: &[T]) -> anyhow::Result<Vec<T>> {
@@ -176,7 +190,14 @@ fn print_row(row: &Row, json: bool) -> anyhow::Result<()> {
             row.busbw_gbs,
             row.wrong
         );
-        println!("#   median per call {:.2} us", row.time_us_median);
+        print!("#   median per call {:.2} us", row.time_us_median);
+        if let Some(p99) = row.time_us_p99 {
+            print!(", p99 {p99:.2} us");
+        }
+        match row.recovery {
+            Some(r) => println!("; retransmits {}, timeouts {}", r.retransmits, r.timeouts),
+            None => println!(),
+        }
     }
     Ok(())
 }
@@ -210,7 +231,7 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                 let es = dtype.size();
                 let count = size / es;
                 let bytes = count * es;
-                let (time, median) = match ring.as_mut() {
+                let (time, median, p99) = match ring.as_mut() {
                     None => match udp_floor(
                         &addrs,
                         port,
@@ -219,7 +240,7 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                         args.transport == "udp-exchange",
                     )? {
                         // Already a median (half the round trip for the ping-pong).
-                        Some(t) => (t, t),
+                        Some(t) => (t, t, None),
                         None => continue,
                     },
                     Some(ring) => {
@@ -247,14 +268,15 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                         total_wrong += wrong;
                         let times = super::CallTimes::new(per_call);
                         let (mean, median) = (times.mean, times.quantile(0.5));
-                        let mut slowest = [mean, median].map(f64::to_le_bytes).concat();
+                        let p99 = times.quantile(0.99);
+                        let mut slowest = [mean, median, p99].map(f64::to_le_bytes).concat();
                         ring.all_reduce(&mut slowest, DType::F64, ReduceOp::Max)?;
                         let at = |i: usize| {
                             f64::from_le_bytes(
                                 slowest[8 * i..8 * i + 8].try_into().expect("8 bytes"),
                             )
                         };
-                        (at(0), at(1))
+                        (at(0), at(1), Some(at(2)))
                     }
                 };
                 if rank != 0 {
@@ -278,9 +300,11 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                     redop: op.name().to_string(),
                     time_us: time * 1e6,
                     time_us_median: median * 1e6,
+                    time_us_p99: p99.map(|t| t * 1e6),
                     algbw_gbs: algbw,
                     busbw_gbs: algbw * factor,
                     wrong: total_wrong,
+                    recovery: None,
                 };
                 print_row(&row, args.json)?;
             }
@@ -349,6 +373,7 @@ fn measure(
         once(comm, &mut out)?;
     }
     comm.barrier()?;
+    let before = recovery(comm);
     let mut wrong = 0u64;
     let mut per_call = Vec::with_capacity(args.iters);
     for _ in 0..args.iters {
@@ -363,13 +388,17 @@ fn measure(
         }
     }
     let times = super::CallTimes::new(per_call);
-    let (mean, median) = (times.mean, times.quantile(0.5));
-    // Every rank reports the slowest rank's mean and median and the sum of wrong elements.
-    let mut slowest = [mean, median];
+    let (mean, median, p99) = (times.mean, times.quantile(0.5), times.quantile(0.99));
+    // Every rank reports the slowest rank's mean, median and p99, and the sums over ranks of
+    // wrong elements and of loss recovery in the timed calls.
+    let mut slowest = [mean, median, p99];
     comm.all_reduce_in_place(&mut slowest, ReduceOp::Max)?;
+    let recovered = recovery(comm).since(before);
     let mut wrong_all = [wrong as i64];
     comm.all_reduce_in_place(&mut wrong_all, ReduceOp::Sum)?;
-    let [time, median] = slowest;
+    let [time, median, p99] = slowest;
+    let mut recovery_all = [recovered.retransmits as i64, recovered.timeouts as i64];
+    comm.all_reduce_in_place(&mut recovery_all, ReduceOp::Sum)?;
     let bytes = match kind {
         Kind::AllGather => count * es * world,
         _ => count * es,
@@ -395,10 +424,39 @@ fn measure(
         },
         time_us: time * 1e6,
         time_us_median: median * 1e6,
+        time_us_p99: Some(p99 * 1e6),
         algbw_gbs: algbw,
         busbw_gbs: algbw * factor,
         wrong: wrong_all[0] as u64,
+        recovery: Some(Recovery {
+            retransmits: recovery_all[0] as u64,
+            timeouts: recovery_all[1] as u64,
+        }),
     })
+}
+
+/// This rank's loss recovery so far, over all its links.
+fn recovery(comm: &Communicator) -> Recovery {
+    comm.link_stats().iter().fold(
+        Recovery {
+            retransmits: 0,
+            timeouts: 0,
+        },
+        |acc, (_, s)| Recovery {
+            retransmits: acc.retransmits + s.retransmits,
+            timeouts: acc.timeouts + s.timeouts,
+        },
+    )
+}
+
+impl Recovery {
+    /// What happened between `earlier` and `self`.
+    fn since(self, earlier: Recovery) -> Recovery {
+        Recovery {
+            retransmits: self.retransmits.saturating_sub(earlier.retransmits),
+            timeouts: self.timeouts.saturating_sub(earlier.timeouts),
+        }
+    }
 }
 
 /// Runs a sweep as a command: fails when any element was wrong.

@@ -406,6 +406,11 @@ impl Channel {
         Ok(())
     }
 
+    /// The protocol counters of this channel's queue pair.
+    pub fn stats(&self) -> tbrdma_verbs::Stats {
+        self.qp.stats()
+    }
+
     /// The datagram backend carrying this channel.
     pub fn engine_kind(&self) -> tbrdma_verbs::EngineKind {
         self.qp.device().engine_kind()

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tbrdma_netdev::hostfile::{Hostfile, TopologyKind};
 use tbrdma_verbs::{
     Access, Config, Connected, Device, DeviceConfig, EngineConfig, EngineKind, Listener, QpOptions,
-    VerbsError, connect,
+    Stats, VerbsError, connect,
 };
 
 use crate::channel::{ABORT_SELF, Channel, Fault};
@@ -387,6 +387,17 @@ impl Communicator {
             .zip(&self.cabled)
             .find_map(|(chan, &cabled)| chan.as_ref().filter(|_| cabled))
             .map_or(self.opts.engine, Channel::engine_kind)
+    }
+
+    /// The protocol counters of the connection to each neighbour, by rank (retransmissions,
+    /// timeouts, duplicates...): what tells a slow tail made by loss recovery from one made by
+    /// scheduling.
+    pub fn link_stats(&self) -> Vec<(usize, Stats)> {
+        self.chans
+            .iter()
+            .enumerate()
+            .filter_map(|(peer, chan)| chan.as_ref().map(|ch| (peer, ch.stats())))
+            .collect()
     }
 
     /// The cluster's shape.

@@ -55,4 +55,4 @@ pub use error::{CollError, Result};
 pub use half::{bf16, f16};
 pub use reduce_op::ReduceOp;
 pub use tbrdma_netdev::hostfile::{Hostfile, TopologyKind};
-pub use tbrdma_verbs::{EngineKind, Progress};
+pub use tbrdma_verbs::{EngineKind, Progress, Stats};
