@@ -8,6 +8,7 @@
 //! | handshake | active side: [`Config::initial_rto`], doubled per resend up to [`Config::max_rto`], [`Config::max_retries`] resends; passive side: [`Config::idle_timeout`] |
 //! | idle | [`Config::idle_timeout`] |
 //! | retransmission | [`Config::initial_rto`], [`Config::rto_ceiling`], [`Config::max_rto`], [`Config::max_retries`] |
+//! | tail loss probe | [`Config::tail_probe_floor`], the round-trip estimate and [`Config::ack_hold`] |
 //! | receiver-not-ready resume | the delay in the peer's NAK, which is its [`Config::rnr_delay`], at most [`Config::max_rnr_delay`]; [`Config::max_rnr_retries`] |
 //! | path probe | [`Config::path_probe_interval`] |
 //! | keep-alive | [`Config::keepalive_interval`] |
@@ -64,6 +65,14 @@ pub struct Config {
     pub rto_ceiling: Duration,
     /// Ceiling of the exponential backoff.
     pub max_rto: Duration,
+    /// Floor of the tail loss probe's timeout. When packets stay unacknowledged for
+    /// `max(2 × smoothed round trip + ack_hold, tail_probe_floor)` after the last one was
+    /// sent, that last one goes again, once, without backing off: if it (or its
+    /// acknowledgement) was lost, the peer's answer repairs the loss or reports the gap long
+    /// before the retransmission timeout would. No probe is sent when its deadline would not
+    /// come before the retransmission timeout's, so a floor at or above [`Self::max_rto`]
+    /// turns probes off.
+    pub tail_probe_floor: Duration,
     /// Consecutive timeouts without progress before the connection fails with
     /// [`crate::WcStatus::RetryExceeded`] (verbs `retry_cnt`, which allows at most 7).
     pub max_retries: u32,
@@ -121,6 +130,10 @@ impl Default for Config {
             // detected in bounded time, but a peer descheduled for a few hundred milliseconds
             // on a busy 2-core host (measured: a 227 ms budget was not enough there) is not declared dead.
             max_rto: Duration::from_secs(1),
+            // Far above a cable's round trip (5-50 µs), so a peer that is merely slow to
+            // answer costs at most one duplicate datagram per flight; far below the 1 ms
+            // retransmission floor, which a lost last datagram used to cost in full.
+            tail_probe_floor: Duration::from_micros(200),
             max_retries: 10,
             rnr_delay: Duration::from_micros(100),
             max_rnr_delay: Duration::from_millis(655),

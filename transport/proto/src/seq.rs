@@ -14,6 +14,11 @@ impl Psn {
         Psn(self.0.wrapping_add(n))
     }
 
+    /// The sequence number `n` packets earlier.
+    pub fn minus(self, n: u32) -> Psn {
+        Psn(self.0.wrapping_sub(n))
+    }
+
     /// Signed distance from `other` to `self` (positive when `self` is later).
     pub fn diff(self, other: Psn) -> i32 {
         self.0.wrapping_sub(other.0) as i32

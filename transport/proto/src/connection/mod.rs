@@ -129,6 +129,8 @@ pub struct Stats {
     pub retransmits: u64,
     /// Retransmission timeouts that fired.
     pub timeouts: u64,
+    /// Tail loss probes sent (each also counts as a retransmit).
+    pub tail_probes: u64,
     /// Datagrams that failed the CRC.
     pub corrupted: u64,
     /// Datagrams that failed to decode for another reason.
@@ -656,6 +658,11 @@ impl Connection {
             // The transmit pass resumes sending (and stops the timer).
             Timer::RnrResume => {}
             Timer::Retransmit => self.on_tx_timeout(now),
+            Timer::TailProbe => {
+                if self.tx.on_tail_probe(now, &mut self.timers) {
+                    self.stats.tail_probes += 1;
+                }
+            }
             Timer::PathProbe => {
                 // While draining, the probe waits (the timer stays due) until the drain ends.
                 if self.state == ConnectionState::Established {

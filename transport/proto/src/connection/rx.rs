@@ -365,7 +365,7 @@ impl Connection {
                 psn,
                 code: NakCode::SequenceError,
                 ..
-            } => self.tx.on_sequence_nak(psn),
+            } => self.tx.on_sequence_nak(psn, &mut self.timers),
             Ext::Nak {
                 psn,
                 code: NakCode::ReceiverNotReady,

@@ -2056,3 +2056,111 @@ fn receive_completions_carry_the_crc_of_their_message_under_loss_and_reordering(
         );
     }
 }
+
+/// A one-packet WRITE from `a` whose datagram (`lose_data`) or whose acknowledgement (not
+/// `lose_data`) the link loses; returns the simulated time from the post until the WRITE
+/// completed at `a`, and `a`'s counters.
+fn tail_loss_run(config: Config, lose_data: bool) -> (Duration, crate::connection::Stats) {
+    let mut p = pair_with(LinkConfig::default(), config);
+    let a_buf = p.a.mem.alloc(4096, RW);
+    let b_buf = p.b.mem.alloc(4096, RW);
+    // A first exchange, so the round trip has been sampled.
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&a_buf, 0, 4096),
+        op: SendOp::Write {
+            remote: remote(&b_buf, 0),
+        },
+    })
+    .unwrap();
+    assert!(p.drive(STEPS));
+    assert_eq!(p.a.take_completions().len(), 1);
+    p.a.mem.fill(&a_buf, 0, &[9; 4096]);
+    let posted = p.now;
+    p.a.post_send(SendWr {
+        wr_id: 2,
+        local: sge(&a_buf, 0, 4096),
+        op: SendOp::Write {
+            remote: remote(&b_buf, 0),
+        },
+    })
+    .unwrap();
+    if lose_data {
+        // The next step transmits the WRITE: everything sent at this instant is lost.
+        p.link_config_mut().outages = vec![(p.now, Some(p.now + Duration::from_nanos(1)))];
+    } else {
+        assert!(p.drive_until(STEPS, |p| p.b.mem.bytes(&b_buf, 0, 4096) == [9; 4096]));
+        // The next step transmits B's acknowledgement.
+        p.link_config_mut().outages = vec![(p.now, Some(p.now + Duration::from_nanos(1)))];
+    }
+    assert!(p.drive_until(STEPS, |p| p.a.pending_completions() > 0));
+    let took = p.now.saturating_since(posted);
+    let wc = only(p.a.take_completions());
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
+    assert_eq!(p.b.mem.bytes(&b_buf, 0, 4096), [9; 4096]);
+    assert!(p.link_stats().lost_in_outage >= 1, "the loss was injected");
+    (took, *p.a.conn.stats())
+}
+
+#[test]
+fn a_lost_last_datagram_is_repaired_by_the_tail_probe_before_any_timeout() {
+    let config = Config::default();
+    let (took, stats) = tail_loss_run(config.clone(), true);
+    assert_eq!(stats.tail_probes, 1, "{stats:?}");
+    assert_eq!(stats.timeouts, 0, "{stats:?}");
+    assert!(
+        took < config.initial_rto,
+        "repaired after {took:?}, the retransmission floor is {:?}",
+        config.initial_rto
+    );
+    assert!(took >= config.tail_probe_floor, "{took:?}");
+}
+
+#[test]
+fn a_lost_acknowledgement_is_recovered_by_the_tail_probe_before_any_timeout() {
+    let config = Config::default();
+    let (took, stats) = tail_loss_run(config.clone(), false);
+    assert_eq!(stats.tail_probes, 1, "{stats:?}");
+    assert_eq!(stats.timeouts, 0, "{stats:?}");
+    assert!(took < config.initial_rto, "recovered after {took:?}");
+}
+
+#[test]
+fn a_probe_floor_at_the_retransmission_ceiling_leaves_recovery_to_the_timeout() {
+    let config = Config {
+        tail_probe_floor: Config::default().max_rto,
+        ..Config::default()
+    };
+    let (took, stats) = tail_loss_run(config.clone(), true);
+    assert_eq!(stats.tail_probes, 0, "{stats:?}");
+    assert_eq!(stats.timeouts, 1, "{stats:?}");
+    assert!(took >= config.initial_rto, "{took:?}");
+}
+
+#[test]
+fn the_tail_probe_waits_out_the_peers_acknowledgement_hold() {
+    // The peer holds each ACK for a reply for 500 µs (and no reply comes): a probe any sooner
+    // would resend a datagram that arrived.
+    let config = Config {
+        ack_hold: Duration::from_micros(500),
+        initial_rto: Duration::from_millis(5),
+        ..Config::default()
+    };
+    let mut p = pair_with(LinkConfig::default(), config);
+    let a_buf = p.a.mem.alloc(64, RW);
+    let b_buf = p.b.mem.alloc(64, RW);
+    for i in 1..=20u64 {
+        p.a.post_send(SendWr {
+            wr_id: i,
+            local: sge(&a_buf, 0, 64),
+            op: SendOp::Write {
+                remote: remote(&b_buf, 0),
+            },
+        })
+        .unwrap();
+        assert!(p.drive(STEPS));
+    }
+    assert_eq!(p.a.take_completions().len(), 20);
+    let stats = p.a.conn.stats();
+    assert_eq!((stats.tail_probes, stats.retransmits), (0, 0), "{stats:?}");
+}

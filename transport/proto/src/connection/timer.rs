@@ -35,11 +35,15 @@ pub(super) enum Timer {
     /// for a reply to carry it. Stopped when the ACK goes out or is carried by another packet;
     /// the transmit pass sends it, so its handler has nothing to do.
     Ack = 6,
+    /// Unacknowledged packets and nothing heard for the probe timeout (well before the
+    /// retransmission timeout): the last of them goes again, once per flight, to ask for an
+    /// acknowledgement (a tail loss probe; see `tx.rs`).
+    TailProbe = 7,
 }
 
 impl Timer {
     /// Every timer, in handling order.
-    pub const ALL: [Timer; 7] = [
+    pub const ALL: [Timer; 8] = [
         Timer::Handshake,
         Timer::Idle,
         Timer::RnrResume,
@@ -47,6 +51,7 @@ impl Timer {
         Timer::PathProbe,
         Timer::KeepAlive,
         Timer::Ack,
+        Timer::TailProbe,
     ];
 
     fn index(self) -> usize {

@@ -1,13 +1,19 @@
-//! The outgoing stream: PSN assignment, the window, retransmission (on NAK, on timeout with
-//! exponential backoff, skipping what the peer acknowledged selectively), and packet building.
+//! The outgoing stream: PSN assignment, the window, retransmission (on NAK, on a tail loss
+//! probe, on timeout with exponential backoff, skipping what the peer acknowledged
+//! selectively), and packet building.
 //!
 //! A message is kept as one entry however many packets it spans; any packet of it can be
 //! rebuilt from its index, reading the payload from memory again. Nothing is copied aside for
 //! retransmission: as with verbs, a buffer belongs to the transport until its request completes.
 //!
-//! Its two deadlines, the retransmission timeout ([`Timer::Retransmit`]) and the end of a
-//! receiver-not-ready pause ([`Timer::RnrResume`]), live in the connection's [`TimerTable`],
-//! which the methods that move them are given.
+//! Its three deadlines, the retransmission timeout ([`Timer::Retransmit`]), the tail loss
+//! probe ([`Timer::TailProbe`]) and the end of a receiver-not-ready pause
+//! ([`Timer::RnrResume`]), live in the connection's [`TimerTable`], which the methods that
+//! move them are given.
+//!
+//! The tail loss probe exists because a lost last datagram (or its lost acknowledgement)
+//! leaves the receiver nothing to NAK: without it, such a loss cost the whole retransmission
+//! timeout (1 ms, 20 ms on collectives' connections) on links whose round trip is 5-50 µs.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -137,6 +143,15 @@ pub(super) struct TxStream {
     rttvar: Duration,
     /// The packet being timed: its PSN and first transmission (Karn: never a resent one).
     rtt_probe: Option<(Psn, Time)>,
+    /// See [`Config::tail_probe_floor`].
+    tail_probe_floor: Duration,
+    /// How long the peer may hold an acknowledgement for a reply to carry it
+    /// ([`Config::ack_hold`]; both sides run the same engine settings), which a probe must
+    /// wait out before it can tell a slow answer from a lost datagram.
+    ack_allowance: Duration,
+    /// Whether this flight (what is unacknowledged since the last progress) was probed: one
+    /// probe per flight, after that only the retransmission timeout.
+    tail_probed: bool,
     retries: u32,
     max_retries: u32,
     rnr_retries: u32,
@@ -161,6 +176,9 @@ impl TxStream {
             srtt: None,
             rttvar: Duration::ZERO,
             rtt_probe: None,
+            tail_probe_floor: config.tail_probe_floor,
+            ack_allowance: config.ack_hold,
+            tail_probed: false,
             retries: 0,
             max_retries: config.max_retries,
             rnr_retries: 0,
@@ -209,6 +227,7 @@ impl TxStream {
         self.rtx = None;
         timers.stop(Timer::RnrResume);
         timers.stop(Timer::Retransmit);
+        timers.stop(Timer::TailProbe);
         self.snd_una = self.next_psn;
         self.next_send = self.next_psn;
     }
@@ -369,7 +388,70 @@ impl TxStream {
         if !timers.is_set(Timer::Retransmit) {
             timers.set(Timer::Retransmit, now + self.rto);
         }
+        if !retransmit {
+            // The probe timeout counts from the last packet sent, as RACK-TLP's does.
+            self.arm_tail_probe(now, timers);
+        }
         retransmit
+    }
+
+    /// The tail loss probe's timeout: twice the smoothed round trip plus the peer's longest
+    /// acknowledgement hold, at least the floor; none before the first round-trip sample
+    /// (without one, a probe could come before an answer that is merely on its way, and the
+    /// probe's copy would then spoil the very sample it lacks: Karn).
+    fn tail_probe_timeout(&self) -> Option<Duration> {
+        self.srtt
+            .map(|srtt| (srtt * 2 + self.ack_allowance).max(self.tail_probe_floor))
+    }
+
+    /// Arms [`Timer::TailProbe`] for this flight, unless it was probed already, nothing is
+    /// unacknowledged, or the retransmission timeout comes first anyway.
+    fn arm_tail_probe(&self, now: Time, timers: &mut TimerTable) {
+        let at = self
+            .tail_probe_timeout()
+            .map(|timeout| now + timeout)
+            .filter(|&at| {
+                !self.tail_probed
+                    && self.has_unacked()
+                    && timers.get(Timer::Retransmit).is_some_and(|rto| at < rto)
+            });
+        timers.set_or_stop(Timer::TailProbe, at);
+    }
+
+    /// The peer answered this flight with a NAK: it is alive and recovery is under way, so
+    /// the flight needs no probe.
+    fn flight_answered(&mut self, timers: &mut TimerTable) {
+        self.tail_probed = true;
+        timers.stop(Timer::TailProbe);
+    }
+
+    /// Handles [`Timer::TailProbe`]: points the retransmission cursor at the last packet sent
+    /// that the peer has not acknowledged selectively, and returns whether a probe goes out.
+    /// The peer's answer does the rest: the probe fills a lost tail (the acknowledgement then
+    /// covers everything), or it shows the peer a gap in front of it (a sequence NAK resends
+    /// from there), or it is a duplicate (acknowledged at once, which also repairs a lost ACK).
+    /// The timeout does not back off: nothing is known to be lost yet.
+    pub fn on_tail_probe(&mut self, now: Time, timers: &mut TimerTable) -> bool {
+        if !timers.is_expired(Timer::TailProbe, now) {
+            return false;
+        }
+        timers.stop(Timer::TailProbe);
+        let pausing = timers
+            .get(Timer::RnrResume)
+            .is_some_and(|until| now < until);
+        if self.tail_probed || !self.has_unacked() || self.rtx.is_some() || pausing {
+            return false;
+        }
+        let mut last = self.next_send.minus(1);
+        while self.snd_una.before(last) && self.is_sacked(last) {
+            last = last.minus(1);
+        }
+        if last.before(self.snd_una) || !last.before(self.next_send) {
+            return false;
+        }
+        self.tail_probed = true;
+        self.rtx = Some(last);
+        true
     }
 
     /// Builds the datagram for `psn` into `buf`; `header` has everything but opcode, PSN and
@@ -544,6 +626,9 @@ impl TxStream {
             Timer::Retransmit,
             self.has_unacked().then(|| now + self.rto),
         );
+        // Progress starts a new flight, which may be probed again.
+        self.tail_probed = false;
+        self.arm_tail_probe(now, timers);
         (true, fatal_acked)
     }
 
@@ -611,11 +696,12 @@ impl TxStream {
     }
 
     /// The peer saw a gap at `psn`: resend from there.
-    pub fn on_sequence_nak(&mut self, psn: Psn) {
+    pub fn on_sequence_nak(&mut self, psn: Psn, timers: &mut TimerTable) {
         if psn.before(self.snd_una) || !psn.before(self.next_send) {
             return;
         }
         self.forget_sacks();
+        self.flight_answered(timers);
         if self.rtx.is_none_or(|c| psn.before(c)) {
             self.rtx = Some(psn);
         }
@@ -638,6 +724,7 @@ impl TxStream {
             return false;
         }
         self.forget_sacks();
+        self.flight_answered(timers);
         self.rtx = Some(psn);
         let resume = now + delay;
         timers.set(Timer::RnrResume, resume);
@@ -686,6 +773,9 @@ impl TxStream {
         }
         self.rto = (self.rto * 2).min(self.max_rto);
         self.rtt_probe = None;
+        // Until progress, the retransmission timeout alone recovers this flight.
+        self.tail_probed = true;
+        timers.stop(Timer::TailProbe);
         self.forget_sacks();
         timers.set(Timer::Retransmit, now + self.rto);
         if self.has_unacked() {
@@ -774,7 +864,7 @@ mod tests {
             [0, 1, 2, 3],
             "after a timeout everything unacknowledged"
         );
-        let nak = resent_after(|tx, _, _| tx.on_sequence_nak(Psn(0)));
+        let nak = resent_after(|tx, timers, _| tx.on_sequence_nak(Psn(0), timers));
         assert_eq!(nak, [0, 1, 2, 3], "after a sequence NAK");
         let rnr = resent_after(|tx, timers, now| {
             assert!(tx.on_rnr_nak(Psn(0), Duration::ZERO, now, timers));
