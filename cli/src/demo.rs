@@ -242,8 +242,9 @@ fn run_sim(args: DemoArgs) -> anyhow::Result<()> {
         link.sent, link.lost, link.duplicated, link.corrupted
     );
     println!(
-        "how the protocol coped: {} retransmissions, {} timeouts, {} corrupt datagrams dropped by CRC, {} duplicates suppressed, {} packets placed ahead of a gap",
+        "how the protocol coped: {} retransmissions ({} of them tail loss probes), {} timeouts, {} corrupt datagrams dropped by CRC, {} duplicates suppressed, {} packets placed ahead of a gap",
         sa.retransmits + sb.retransmits,
+        sa.tail_probes + sb.tail_probes,
         sa.timeouts + sb.timeouts,
         sa.corrupted + sb.corrupted,
         sa.duplicates + sb.duplicates,

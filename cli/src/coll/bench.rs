@@ -87,8 +87,9 @@ struct Row {
     algbw_gbs: f64,
     busbw_gbs: f64,
     wrong: u64,
-    /// Retransmitted packets and retransmission timeouts in the timed calls, summed over the
-    /// ranks' links (tbrdma only): a tail made by loss recovery rather than by scheduling.
+    /// Retransmitted packets, tail loss probes (counted among them) and retransmission
+    /// timeouts in the timed calls, summed over the ranks' links (tbrdma only): a tail made
+    /// by loss recovery rather than by scheduling.
     #[serde(skip_serializing_if = "Option::is_none")]
     recovery: Option<Recovery>,
 }
@@ -96,6 +97,7 @@ struct Row {
 #[derive(Debug, Serialize, Clone, Copy)]
 struct Recovery {
     retransmits: u64,
+    tail_probes: u64,
     timeouts: u64,
 }
 
@@ -195,7 +197,10 @@ fn print_row(row: &Row, json: bool) -> anyhow::Result<()> {
             print!(", p99 {p99:.2} us");
         }
         match row.recovery {
-            Some(r) => println!("; retransmits {}, timeouts {}", r.retransmits, r.timeouts),
+            Some(r) => println!(
+                "; retransmits {} (tail probes {}), timeouts {}",
+                r.retransmits, r.tail_probes, r.timeouts
+            ),
             None => println!(),
         }
     }
@@ -397,7 +402,11 @@ fn measure(
     let mut wrong_all = [wrong as i64];
     comm.all_reduce_in_place(&mut wrong_all, ReduceOp::Sum)?;
     let [time, median, p99] = slowest;
-    let mut recovery_all = [recovered.retransmits as i64, recovered.timeouts as i64];
+    let mut recovery_all = [
+        recovered.retransmits as i64,
+        recovered.tail_probes as i64,
+        recovered.timeouts as i64,
+    ];
     comm.all_reduce_in_place(&mut recovery_all, ReduceOp::Sum)?;
     let bytes = match kind {
         Kind::AllGather => count * es * world,
@@ -430,7 +439,8 @@ fn measure(
         wrong: wrong_all[0] as u64,
         recovery: Some(Recovery {
             retransmits: recovery_all[0] as u64,
-            timeouts: recovery_all[1] as u64,
+            tail_probes: recovery_all[1] as u64,
+            timeouts: recovery_all[2] as u64,
         }),
     })
 }
@@ -440,10 +450,12 @@ fn recovery(comm: &Communicator) -> Recovery {
     comm.link_stats().iter().fold(
         Recovery {
             retransmits: 0,
+            tail_probes: 0,
             timeouts: 0,
         },
         |acc, (_, s)| Recovery {
             retransmits: acc.retransmits + s.retransmits,
+            tail_probes: acc.tail_probes + s.tail_probes,
             timeouts: acc.timeouts + s.timeouts,
         },
     )
@@ -454,6 +466,7 @@ impl Recovery {
     fn since(self, earlier: Recovery) -> Recovery {
         Recovery {
             retransmits: self.retransmits.saturating_sub(earlier.retransmits),
+            tail_probes: self.tail_probes.saturating_sub(earlier.tail_probes),
             timeouts: self.timeouts.saturating_sub(earlier.timeouts),
         }
     }

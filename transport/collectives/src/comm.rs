@@ -631,10 +631,17 @@ impl Drop for Communicator {
 const KEEPER_PERIOD: Duration = Duration::from_millis(10);
 /// Retransmission-timeout floor of the collectives' connections: about twice the keeper's bound
 /// (10.1 ms), so that a rank pausing between collectives never makes its neighbours retransmit.
-/// A tail loss (a lost datagram with nothing behind it) or a pulled cable costs this long to
-/// repair or fail over; losses inside a stream are repaired from selective acknowledgements.
-/// (TCP's floor is 200 ms.)
+/// A pulled cable costs this long to fail over; losses inside a stream are repaired from
+/// selective acknowledgements, and a tail loss (a lost datagram with nothing behind it) by the
+/// tail loss probe ([`TAIL_PROBE_FLOOR`]). (TCP's floor is 200 ms.)
 const RTO_FLOOR: Duration = Duration::from_millis(20);
+/// Floor of the collectives' tail loss probe (`Config::tail_probe_floor`): a lost last datagram
+/// of a collective costs about this, instead of [`RTO_FLOOR`]. A rank that computes for longer
+/// than this between collectives, holding the acknowledgement of its neighbour's last message,
+/// draws one needless probe per collective (the last datagram again, answered by the rank's
+/// next poll): its cost, a few microseconds, is under one percent of such a gap. Shorter gaps
+/// (a decode step's all-reduces follow each other within a millisecond or so) draw none.
+const TAIL_PROBE_FLOOR: Duration = Duration::from_millis(2);
 
 /// The protocol settings of a collectives connection. With caller progress a rank answers
 /// nothing while it computes between collectives, so the idle timeout is stretched to the
@@ -646,6 +653,7 @@ fn link_config(opts: &CommOptions) -> Config {
     let mut config = Config {
         idle_timeout: opts.timeout.max(Duration::from_secs(3)),
         initial_rto: RTO_FLOOR,
+        tail_probe_floor: TAIL_PROBE_FLOOR,
         max_rto: Config::default().max_rto.max(Duration::from_millis(500)),
         ..Config::default()
     };
