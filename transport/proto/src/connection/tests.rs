@@ -2057,6 +2057,17 @@ fn receive_completions_carry_the_crc_of_their_message_under_loss_and_reordering(
     }
 }
 
+/// A WRITE of the first `len` bytes of `src` to the start of `dst`.
+fn write_wr(wr_id: u64, src: &Region, dst: &Region, len: u64) -> SendWr {
+    SendWr {
+        wr_id,
+        local: sge(src, 0, len),
+        op: SendOp::Write {
+            remote: remote(dst, 0),
+        },
+    }
+}
+
 /// A one-packet WRITE from `a` whose datagram (`lose_data`) or whose acknowledgement (not
 /// `lose_data`) the link loses; returns the simulated time from the post until the WRITE
 /// completed at `a`, and `a`'s counters.
@@ -2065,26 +2076,12 @@ fn tail_loss_run(config: Config, lose_data: bool) -> (Duration, crate::connectio
     let a_buf = p.a.mem.alloc(4096, RW);
     let b_buf = p.b.mem.alloc(4096, RW);
     // A first exchange, so the round trip has been sampled.
-    p.a.post_send(SendWr {
-        wr_id: 1,
-        local: sge(&a_buf, 0, 4096),
-        op: SendOp::Write {
-            remote: remote(&b_buf, 0),
-        },
-    })
-    .unwrap();
+    p.a.post_send(write_wr(1, &a_buf, &b_buf, 4096)).unwrap();
     assert!(p.drive(STEPS));
     assert_eq!(p.a.take_completions().len(), 1);
     p.a.mem.fill(&a_buf, 0, &[9; 4096]);
     let posted = p.now;
-    p.a.post_send(SendWr {
-        wr_id: 2,
-        local: sge(&a_buf, 0, 4096),
-        op: SendOp::Write {
-            remote: remote(&b_buf, 0),
-        },
-    })
-    .unwrap();
+    p.a.post_send(write_wr(2, &a_buf, &b_buf, 4096)).unwrap();
     if lose_data {
         // The next step transmits the WRITE: everything sent at this instant is lost.
         p.link_config_mut().outages = vec![(p.now, Some(p.now + Duration::from_nanos(1)))];
@@ -2150,14 +2147,7 @@ fn the_tail_probe_waits_out_the_peers_acknowledgement_hold() {
     let a_buf = p.a.mem.alloc(64, RW);
     let b_buf = p.b.mem.alloc(64, RW);
     for i in 1..=20u64 {
-        p.a.post_send(SendWr {
-            wr_id: i,
-            local: sge(&a_buf, 0, 64),
-            op: SendOp::Write {
-                remote: remote(&b_buf, 0),
-            },
-        })
-        .unwrap();
+        p.a.post_send(write_wr(i, &a_buf, &b_buf, 64)).unwrap();
         assert!(p.drive(STEPS));
     }
     assert_eq!(p.a.take_completions().len(), 20);
