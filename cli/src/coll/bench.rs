@@ -57,6 +57,15 @@ pub struct BenchArgs {
     /// Check every iteration's result against a locally computed reference.
     #[arg(short = 'c', long)]
     pub check: bool,
+    /// Busy work of this many microseconds on every rank after each timed call, outside the
+    /// timed region: a model's compute between its all-reduces (a decode step's are about a
+    /// millisecond apart). 0: calls back to back, as nccl-tests does.
+    #[arg(long = "gap-us", value_name = "US", default_value_t = 0)]
+    pub gap_us: u64,
+    /// During each gap, first write this many MiB of memory once, as a model's compute
+    /// streams its weights through the caches (so each call starts with cold caches).
+    #[arg(long = "gap-touch-mib", value_name = "MIB", default_value_t = 0)]
+    pub gap_touch_mib: usize,
     /// One JSON object per line and size on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -261,6 +270,7 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                         }
                         let mut wrong = 0u64;
                         let mut per_call = Vec::with_capacity(args.iters);
+                        let mut gap = Gap::new(args);
                         for _ in 0..args.iters {
                             buf.copy_from_slice(&inp);
                             let start = Instant::now();
@@ -269,6 +279,7 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                             if args.check {
                                 wrong += count_wrong(dtype, &buf, &want) as u64;
                             }
+                            gap.run();
                         }
                         total_wrong += wrong;
                         let times = super::CallTimes::new(per_call);
@@ -360,14 +371,14 @@ fn measure(
         }
     }
     let mut out = vec![0u8; out_len];
-    let once = |comm: &mut Communicator, out: &mut Vec<u8>| -> anyhow::Result<()> {
+    let once = |comm: &mut Communicator, inp: &[u8], out: &mut Vec<u8>| -> anyhow::Result<()> {
         match kind {
-            Kind::AllReduce => comm.all_reduce_bytes(&inp, out, dtype, op)?,
-            Kind::AllGather => comm.all_gather_bytes(&inp, out)?,
-            Kind::ReduceScatter => comm.reduce_scatter_bytes(&inp, out, dtype, op)?,
+            Kind::AllReduce => comm.all_reduce_bytes(inp, out, dtype, op)?,
+            Kind::AllGather => comm.all_gather_bytes(inp, out)?,
+            Kind::ReduceScatter => comm.reduce_scatter_bytes(inp, out, dtype, op)?,
             Kind::Broadcast => {
                 if rank == 0 {
-                    out.copy_from_slice(&inp);
+                    out.copy_from_slice(inp);
                 }
                 comm.broadcast_bytes(out, 0)?
             }
@@ -375,22 +386,32 @@ fn measure(
         Ok(())
     };
     for _ in 0..args.warmup {
-        once(comm, &mut out)?;
+        once(comm, &inp, &mut out)?;
     }
     comm.barrier()?;
     let before = recovery(comm);
     let mut wrong = 0u64;
     let mut per_call = Vec::with_capacity(args.iters);
+    let mut gap = Gap::new(args);
+    let mut live = inp.clone();
     for _ in 0..args.iters {
-        if args.check {
+        if gap.is_active() {
+            // After a gap, the input and the output are written first, as a model's compute
+            // leaves the tensor it hands over (and as the TCP ring's in-place buffer is
+            // refreshed before each call): a gap that evicted the caches must not leave this
+            // side's buffers cold while the baseline's are warm.
+            live.copy_from_slice(&inp);
+            out.fill(0xAA);
+        } else if args.check {
             out.fill(0xAA);
         }
         let start = Instant::now();
-        once(comm, &mut out)?;
+        once(comm, &live, &mut out)?;
         per_call.push(start.elapsed().as_secs_f64());
         if args.check {
             wrong += count_wrong(dtype, &out, &want) as u64;
         }
+        gap.run();
     }
     let times = super::CallTimes::new(per_call);
     let (mean, median, p99) = (times.mean, times.quantile(0.5), times.quantile(0.99));
@@ -443,6 +464,46 @@ fn measure(
             timeouts: recovery_all[2] as u64,
         }),
     })
+}
+
+/// The stand-in for a model's compute between collectives (`--gap-us`, `--gap-touch-mib`): a
+/// busy core, not a sleeping one, as a rank's is while it computes.
+struct Gap {
+    length: std::time::Duration,
+    /// Written once per gap (empty: the gap only spins).
+    touch: Vec<u8>,
+    round: u8,
+}
+
+impl Gap {
+    fn new(args: &BenchArgs) -> Gap {
+        Gap {
+            length: std::time::Duration::from_micros(args.gap_us),
+            touch: vec![0; args.gap_touch_mib << 20],
+            round: 0,
+        }
+    }
+
+    fn is_active(&self) -> bool {
+        !self.length.is_zero() || !self.touch.is_empty()
+    }
+
+    /// Writes the touch buffer (one byte per cache line is enough to own every line), then
+    /// spins until the gap's length has passed since it began.
+    fn run(&mut self) {
+        if !self.is_active() {
+            return;
+        }
+        let until = Instant::now() + self.length;
+        self.round = self.round.wrapping_add(1);
+        for line in self.touch.chunks_mut(64) {
+            line[0] = self.round;
+        }
+        std::hint::black_box(&self.touch);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+    }
 }
 
 /// This rank's loss recovery so far, over all its links.
