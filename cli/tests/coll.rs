@@ -238,6 +238,18 @@ fn the_tcp_ring_and_udp_baselines_run_over_the_same_cable() {
         assert_eq!(rows.len(), 1, "{floor}");
         check_row(&rows[0], 16384, "f32", "sum");
     }
+    // The exchange floor takes the same compute between its exchanges as the all-reduces do
+    // (20 exchanges after 50 ms stretches: at least 1 s), outside what it times.
+    let gapped = [
+        &common[..],
+        &["--transport", "udp-exchange", "--gap-us", "50000"],
+    ]
+    .concat();
+    let started = std::time::Instant::now();
+    let gapped_rows = rows(&both(&lab, &gapped), "udp-exchange with gaps");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+    let row = &gapped_rows[0];
+    assert!(num(row, "time_us_median") < 50_000.0, "{row}");
     // A transport that does not exist is named, with the choices.
     let out = both(
         &lab,
@@ -275,9 +287,9 @@ fn the_other_collectives_and_tp_bench_report_what_they_measured() {
         "tp-bench", "--hidden", "1024", "--layers", "4", "--tokens", "3", "--dtype", "bf16",
         "--json",
     ];
-    let rows = rows(&both(&lab, &args), "tp-bench");
-    assert_eq!(rows.len(), 1);
-    let v = &rows[0];
+    let tp_rows = rows(&both(&lab, &args), "tp-bench");
+    assert_eq!(tp_rows.len(), 1);
+    let v = &tp_rows[0];
     assert_eq!(v["ranks"].as_u64(), Some(2), "{v}");
     // 1024 bf16 values per all-reduce, two all-reduces per layer.
     assert_eq!(v["bytes_per_allreduce"].as_u64(), Some(2048), "{v}");
@@ -291,6 +303,23 @@ fn the_other_collectives_and_tp_bench_report_what_they_measured() {
     let per_token_s = num(v, "comm_ms_per_token") / 1e3;
     assert!(
         (num(v, "tokens_per_s_ceiling") * per_token_s - 1.0).abs() < 1e-6,
+        "{v}"
+    );
+    assert!(num(v, "token_ms") > 0.0, "{v}");
+    // With 2 ms of compute before each of the 8 all-reduces a token takes at least 16 ms, the
+    // all-reduces themselves are timed without it, and tokens/s is what the step time allows.
+    let computed = [
+        &args[..],
+        &["--compute-us", "2000", "--compute-touch-mib", "1"],
+    ]
+    .concat();
+    let computed_rows = rows(&both(&lab, &computed), "tp-bench with compute");
+    let v = &computed_rows[0];
+    assert_eq!(v["compute_us_per_allreduce"].as_u64(), Some(2000), "{v}");
+    assert!(num(v, "token_ms") >= 16.0, "{v}");
+    assert!(num(v, "allreduce_us_median") < 2000.0, "{v}");
+    assert!(
+        (num(v, "tokens_per_s") * num(v, "token_ms") / 1e3 - 1.0).abs() < 1e-6,
         "{v}"
     );
 }

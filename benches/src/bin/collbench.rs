@@ -31,13 +31,17 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 const USAGE: &str = "usage: collbench [--rounds N] [--ranks 2|4] [--dtypes f32,bf16] \
                      [--sizes 16K,256K,64M] [--pause SECONDS] [--engine sockets|uring|packet] \
-                     [--tbrdma PATH]
+                     [--gap-us US [--gap-touch-mib M]] [--tbrdma PATH]
   Run as root. Builds a lab, runs tbrdma allreduce against the TCP ring and the UDP floors
   in every rank, alternating within each round, and prints medians, per-round ratios and
   verdicts against issue 6's targets and issue 16's (marked [16]). Build the CLI first: cargo build --release -p tbrdma-cli.
   --pause S sleeps S seconds before every run, so that a VM that slows down under sustained
   load (this project's seems to, after a few seconds of busy-polling) measures every run at
-  full speed. --engine picks tbrdma's datagram backend (default: the CLI's, packet).";
+  full speed. --engine picks tbrdma's datagram backend (default: the CLI's, packet).
+  --gap-us US (and --gap-touch-mib M) put a model's compute between the timed calls of every
+  transport (tbrdma allreduce --gap-us): 1000 calls per case, no UDP ping-pong floor (its echo
+  cannot wait), and the ratios are printed for information, since the targets are defined for
+  calls back to back.";
 
 struct Options {
     rounds: usize,
@@ -47,7 +51,18 @@ struct Options {
     pause: std::time::Duration,
     /// tbrdma's datagram backend (`--engine` of `tbrdma allreduce`), if not the default.
     engine: Option<String>,
+    /// `--gap-us`: compute (a busy core) between timed calls, in microseconds; 0 for none.
+    gap_us: u64,
+    /// `--gap-touch-mib`: memory written during each gap.
+    gap_touch_mib: usize,
     tbrdma: PathBuf,
+}
+
+impl Options {
+    /// Whether the calls are separated by compute (`--gap-us`, `--gap-touch-mib`).
+    fn has_gap(&self) -> bool {
+        self.gap_us > 0 || self.gap_touch_mib > 0
+    }
 }
 
 fn parse_args() -> anyhow::Result<Options> {
@@ -58,6 +73,8 @@ fn parse_args() -> anyhow::Result<Options> {
         sizes: vec!["16K".into(), "256K".into(), "64M".into()],
         pause: std::time::Duration::ZERO,
         engine: None,
+        gap_us: 0,
+        gap_touch_mib: 0,
         tbrdma: std::env::current_exe()?.with_file_name("tbrdma"),
     };
     let mut args = std::env::args().skip(1);
@@ -73,6 +90,10 @@ fn parse_args() -> anyhow::Result<Options> {
             "--sizes" => options.sizes = value()?.split(',').map(String::from).collect(),
             "--tbrdma" => options.tbrdma = value()?.into(),
             "--engine" => options.engine = Some(value()?),
+            "--gap-us" => options.gap_us = value()?.parse().context("--gap-us")?,
+            "--gap-touch-mib" => {
+                options.gap_touch_mib = value()?.parse().context("--gap-touch-mib")?
+            }
             "--pause" => {
                 let secs: f64 = value()?.parse().context("--pause")?;
                 options.pause = std::time::Duration::try_from_secs_f64(secs)
@@ -235,7 +256,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     println!(
         "# lab {name}: {} ranks ({topology:?}), one veth cable per neighbour, MTU 65520; every rank \
          one unpinned process busy-polling (caller progress), {} ranks on {cores} cores; \
-         {:.1} s pause before each run; tbrdma's engine: {}; load average {}",
+         {:.1} s pause before each run; tbrdma's engine: {}; {}; load average {}",
         options.ranks,
         options.ranks,
         options.pause.as_secs_f64(),
@@ -243,6 +264,14 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             .engine
             .as_deref()
             .unwrap_or("the CLI's default (packet, or sockets without root)"),
+        if options.has_gap() {
+            format!(
+                "{} us of compute between timed calls, writing {} MiB (ratios for information)",
+                options.gap_us, options.gap_touch_mib
+            )
+        } else {
+            "calls back to back".to_string()
+        },
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
             .split(' ')
@@ -260,10 +289,18 @@ fn run(options: &Options) -> anyhow::Result<bool> {
         for dtype in &options.dtypes {
             for size in &options.sizes {
                 let bytes = bytes_of(size)?;
-                let (iters, warmup) = iterations(bytes);
+                let (iters, warmup) = if options.has_gap() {
+                    // A millisecond or more per call: 1000 calls are a second or more.
+                    (1000, 50)
+                } else {
+                    iterations(bytes)
+                };
                 let mut transports = vec!["tbrdma", "tcp"];
-                if options.ranks == 2 && bytes <= 65_536 {
-                    transports.extend(["udp-floor", "udp-exchange"]);
+                if options.ranks == 2 && bytes <= 65_507 {
+                    if !options.has_gap() {
+                        transports.push("udp-floor");
+                    }
+                    transports.push("udp-exchange");
                 }
                 if round == 0 {
                     results.push((
@@ -294,6 +331,14 @@ fn run(options: &Options) -> anyhow::Result<bool> {
                     .to_vec();
                     if let (&"tbrdma", Some(engine)) = (transport, &options.engine) {
                         args.extend(["--engine".to_string(), engine.clone()]);
+                    }
+                    if options.has_gap() {
+                        args.extend([
+                            "--gap-us".to_string(),
+                            options.gap_us.to_string(),
+                            "--gap-touch-mib".to_string(),
+                            options.gap_touch_mib.to_string(),
+                        ]);
                     }
                     port = if port > 60_000 { 22_000 } else { port + 40 };
                     std::thread::sleep(options.pause);
@@ -338,6 +383,8 @@ fn report(options: &Options, results: &[(String, String, Vec<(String, Vec<Figure
         let Some(ours) = get("tbrdma") else { continue };
         let bytes = bytes_of(size).unwrap_or(0);
         let mut line = |label: String, per_round: Vec<f64>, target: Option<(bool, f64)>| {
+            // The targets are for calls back to back; with compute between them, information.
+            let target = target.filter(|_| !options.has_gap());
             let value = median(per_round.clone());
             let verdict = match target {
                 Some((at_most, limit)) => {

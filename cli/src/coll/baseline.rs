@@ -187,13 +187,16 @@ impl TcpRing {
 
 /// One-way latency (half the median round trip) of a busy-polling UDP ping-pong of `size`
 /// bytes between ranks 0 and 1 of a pair or, with `exchange`, the median time of both sending
-/// and then receiving; other ranks return `None` at once.
+/// and then receiving; other ranks return `None` at once. `gap` runs after each timed exchange
+/// (`--gap-us`: the same compute between calls as the all-reduces get); the ping-pong has none,
+/// since a gap on the echoing side would be timed by the other.
 pub fn udp_floor(
     addrs: &RingAddrs,
     port: u16,
     size: usize,
     iters: usize,
     exchange: bool,
+    gap: &mut dyn FnMut(),
 ) -> anyhow::Result<Option<f64>> {
     if addrs.rank > 1 {
         return Ok(None);
@@ -258,6 +261,7 @@ pub fn udp_floor(
             sock.send(&msg)?;
             recv_msg(&mut buf)?;
             rtts.push(start.elapsed().as_secs_f64());
+            gap();
         }
         rtts.sort_by(f64::total_cmp);
         return Ok((addrs.rank == 0).then(|| rtts[rtts.len() / 2]));

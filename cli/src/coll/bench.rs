@@ -13,6 +13,7 @@ use serde::Serialize;
 use tbrdma_collectives::check::{count_wrong, expected, input};
 use tbrdma_collectives::{Communicator, DType, ReduceOp};
 
+use super::compute::Compute;
 use super::{CommArgs, parse_size};
 
 /// Which collective a sweep measures.
@@ -239,6 +240,7 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
         header();
     }
     let mut total_wrong = 0;
+    let mut floor_gap = Compute::new(args.gap_us, args.gap_touch_mib);
     for &dtype in dtypes {
         for &op in ops {
             for size in sizes(min, max, args.factor) {
@@ -252,6 +254,7 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                         bytes,
                         args.iters.max(1),
                         args.transport == "udp-exchange",
+                        &mut || floor_gap.run(),
                     )? {
                         // Already a median (half the round trip for the ping-pong).
                         Some(t) => (t, t, None),
@@ -270,7 +273,7 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                         }
                         let mut wrong = 0u64;
                         let mut per_call = Vec::with_capacity(args.iters);
-                        let mut gap = Gap::new(args);
+                        let mut gap = Compute::new(args.gap_us, args.gap_touch_mib);
                         for _ in 0..args.iters {
                             buf.copy_from_slice(&inp);
                             let start = Instant::now();
@@ -392,7 +395,7 @@ fn measure(
     let before = recovery(comm);
     let mut wrong = 0u64;
     let mut per_call = Vec::with_capacity(args.iters);
-    let mut gap = Gap::new(args);
+    let mut gap = Compute::new(args.gap_us, args.gap_touch_mib);
     let mut live = inp.clone();
     for _ in 0..args.iters {
         if gap.is_active() {
@@ -464,46 +467,6 @@ fn measure(
             timeouts: recovery_all[2] as u64,
         }),
     })
-}
-
-/// The stand-in for a model's compute between collectives (`--gap-us`, `--gap-touch-mib`): a
-/// busy core, not a sleeping one, as a rank's is while it computes.
-struct Gap {
-    length: std::time::Duration,
-    /// Written once per gap (empty: the gap only spins).
-    touch: Vec<u8>,
-    round: u8,
-}
-
-impl Gap {
-    fn new(args: &BenchArgs) -> Gap {
-        Gap {
-            length: std::time::Duration::from_micros(args.gap_us),
-            touch: vec![0; args.gap_touch_mib << 20],
-            round: 0,
-        }
-    }
-
-    fn is_active(&self) -> bool {
-        !self.length.is_zero() || !self.touch.is_empty()
-    }
-
-    /// Writes the touch buffer (one byte per cache line is enough to own every line), then
-    /// spins until the gap's length has passed since it began.
-    fn run(&mut self) {
-        if !self.is_active() {
-            return;
-        }
-        let until = Instant::now() + self.length;
-        self.round = self.round.wrapping_add(1);
-        for line in self.touch.chunks_mut(64) {
-            line[0] = self.round;
-        }
-        std::hint::black_box(&self.touch);
-        while Instant::now() < until {
-            std::hint::spin_loop();
-        }
-    }
 }
 
 /// This rank's loss recovery so far, over all its links.

@@ -5,6 +5,7 @@
 
 pub mod baseline;
 pub mod bench;
+pub mod compute;
 pub mod tp_bench;
 
 use std::path::PathBuf;

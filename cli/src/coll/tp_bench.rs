@@ -10,6 +10,7 @@ use clap::Args;
 use tbrdma_collectives::{DType, ReduceOp};
 
 use super::CommArgs;
+use super::compute::Compute;
 
 /// Options of `tp-bench`.
 #[derive(Debug, Args, Clone)]
@@ -31,6 +32,17 @@ pub struct TpBenchArgs {
     /// Tokens (decode steps) to time, after one untimed.
     #[arg(long, default_value_t = 20)]
     pub tokens: usize,
+    /// Busy compute of this many microseconds before each all-reduce (a layer has two: after
+    /// attention and after the MLP), outside the timed calls. 0: the all-reduces back to back,
+    /// the ceiling communication alone allows. With it the tool also reports the step time a
+    /// model would see: its compute leaves the caches and the links as a real one does.
+    #[arg(long = "compute-us", value_name = "US", default_value_t = 0)]
+    pub compute_us: u64,
+    /// During each compute stretch, first write this many MiB (a layer streams its weights
+    /// through the caches: a 70B model in bf16 over two boxes reads about 830 MiB per layer, about
+    /// 3.5-4.5 ms at a Strix Halo box's 200-256 GB/s).
+    #[arg(long = "compute-touch-mib", value_name = "MIB", default_value_t = 0)]
+    pub compute_touch_mib: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -45,19 +57,33 @@ pub fn run(args: TpBenchArgs) -> anyhow::Result<()> {
     let per_token = 2 * args.layers;
     let mut buf = vec![0u8; bytes];
     let mut per_call = Vec::with_capacity(per_token * args.tokens);
+    let mut compute = Compute::new(args.compute_us, args.compute_touch_mib);
+    let mut step_time = 0.0;
     for token in 0..=args.tokens {
         comm.barrier()?;
+        let step = Instant::now();
         for _ in 0..per_token {
+            if compute.is_active() {
+                compute.run();
+                // The compute leaves the activations it hands to the all-reduce.
+                buf.fill(0);
+            }
             let start = Instant::now();
             comm.all_reduce_bytes_in_place(&mut buf, dtype, ReduceOp::Sum)?;
             if token > 0 {
                 per_call.push(start.elapsed().as_secs_f64());
             }
         }
+        if token > 0 {
+            step_time += step.elapsed().as_secs_f64();
+        }
     }
     let times = super::CallTimes::new(per_call);
-    let mut slowest = [times.mean];
+    // The slowest rank's mean all-reduce and its mean step (a token waits for every rank).
+    let mut slowest = [times.mean, step_time / args.tokens.max(1) as f64];
     comm.all_reduce_in_place(&mut slowest, ReduceOp::Max)?;
+    let token_s = slowest[1];
+    let compute_per_token = (args.compute_us as f64 * 1e-6) * per_token as f64;
     let (median, p99) = (times.quantile(0.5), times.quantile(0.99));
     let comm_per_token = slowest[0] * per_token as f64;
     let ceiling = if comm_per_token > 0.0 {
@@ -86,6 +112,10 @@ pub fn run(args: TpBenchArgs) -> anyhow::Result<()> {
                 "allreduce_us_p99": p99 * 1e6,
                 "comm_ms_per_token": comm_per_token * 1e3,
                 "tokens_per_s_ceiling": ceiling,
+                "compute_us_per_allreduce": args.compute_us,
+                "compute_touch_mib": args.compute_touch_mib,
+                "token_ms": token_s * 1e3,
+                "tokens_per_s": if token_s > 0.0 { 1.0 / token_s } else { f64::INFINITY },
             })
         );
     } else {
@@ -111,6 +141,17 @@ pub fn run(args: TpBenchArgs) -> anyhow::Result<()> {
             comm_per_token * 1e3,
             ceiling
         );
+        if compute.is_active() {
+            println!(
+                "with {} us of compute (writing {} MiB) before each all-reduce: a token took \
+                 {:.3} ms (compute {:.3} ms, the rest communication and waiting) -> {:.1} tokens/s",
+                args.compute_us,
+                args.compute_touch_mib,
+                token_s * 1e3,
+                compute_per_token * 1e3,
+                1.0 / token_s
+            );
+        }
     }
     Ok(())
 }
