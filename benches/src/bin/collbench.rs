@@ -25,6 +25,9 @@ use serde_json::Value;
 use tbrdma_benches::LabGuard;
 use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
 
+/// The largest message the UDP floors take: one IPv4 UDP datagram's payload.
+const UDP_MAX_PAYLOAD: usize = 65_507;
+
 /// Rank processes alive, killed on a signal.
 static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -296,7 +299,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
                     iterations(bytes)
                 };
                 let mut transports = vec!["tbrdma", "tcp"];
-                if options.ranks == 2 && bytes <= 65_507 {
+                if options.ranks == 2 && bytes <= UDP_MAX_PAYLOAD {
                     if !options.has_gap() {
                         transports.push("udp-floor");
                     }

@@ -240,7 +240,8 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
         header();
     }
     let mut total_wrong = 0;
-    let mut floor_gap = Compute::new(args.gap_us, args.gap_touch_mib);
+    // The compute between calls, one for every baseline and size (its buffer allocated once).
+    let mut gap = Compute::new(args.gap_us, args.gap_touch_mib);
     for &dtype in dtypes {
         for &op in ops {
             for size in sizes(min, max, args.factor) {
@@ -254,7 +255,7 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                         bytes,
                         args.iters.max(1),
                         args.transport == "udp-exchange",
-                        &mut || floor_gap.run(),
+                        &mut || gap.run(),
                     )? {
                         // Already a median (half the round trip for the ping-pong).
                         Some(t) => (t, t, None),
@@ -273,7 +274,6 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                         }
                         let mut wrong = 0u64;
                         let mut per_call = Vec::with_capacity(args.iters);
-                        let mut gap = Compute::new(args.gap_us, args.gap_touch_mib);
                         for _ in 0..args.iters {
                             buf.copy_from_slice(&inp);
                             let start = Instant::now();

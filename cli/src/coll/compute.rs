@@ -1,10 +1,11 @@
 //! The stand-in for a model's compute between collectives (`allreduce --gap-us`, `tp-bench
-//! --layer-compute-us`): a busy core, not a sleeping one, as a rank's is while it computes, and
+//! --compute-us`): a busy core, not a sleeping one, as a rank's is while it computes, and
 //! optionally memory written first, as a layer streams its weights through the caches.
 //!
 //! Benchmarks that time calls back to back (nccl-tests, and every target of issue 16) never
 //! see what such compute does to the next call: caches evicted, and on a VM a host that treats
-//! a busy vCPU differently (docs/performance.md, "All-reduces with compute between them").
+//! a busy vCPU differently (docs/performance.md, "Compute between calls against the kernel's
+//! floor under the same compute").
 
 use std::time::{Duration, Instant};
 
