@@ -17,12 +17,48 @@ use tbrdma_netdev::lab;
 
 use super::SoakArgs;
 use super::report::{Tally, unix_ms};
+use super::role;
 use crate::perf::options::EngineArg;
 
 /// Scheduling allowance on top of the documented failure bound: the client notices the error
 /// completion when its poll loop next runs, on a host whose two cores the two soak processes
 /// (and whatever else runs) share.
 const BOUND_SLACK_MS: u64 = 1000;
+
+/// Time the client keeps running after its first error past the kill: the restarted server
+/// starting in the lab, the client's failed session draining, its reconnect and a few
+/// operations, on a loaded 2-core host.
+const RECONNECT_ALLOWANCE: Duration = Duration::from_secs(3);
+
+/// An `ip link set` under way.
+struct RailChange {
+    child: Reaper,
+    what: String,
+}
+
+impl RailChange {
+    /// Whether it has ended; an error when it failed.
+    fn finished(&mut self) -> anyhow::Result<bool> {
+        match self.child.child().try_wait()? {
+            None => Ok(false),
+            Some(status) => self.check(status).map(|()| true),
+        }
+    }
+
+    /// Waits for it to end; an error when it failed.
+    fn wait(&mut self) -> anyhow::Result<()> {
+        let status = self.child.child().wait()?;
+        self.check(status)
+    }
+
+    fn check(&mut self, status: std::process::ExitStatus) -> anyhow::Result<()> {
+        self.child.0 = None;
+        if !status.success() {
+            bail!("{} failed ({status})", self.what);
+        }
+        Ok(())
+    }
+}
 
 /// Kills a process that is still running when the run ends early.
 struct Reaper(Option<Child>);
@@ -211,14 +247,14 @@ impl Plan<'_> {
         )
     }
 
-    fn client(&self) -> anyhow::Result<Child> {
+    fn client(&self, secs: f64) -> anyhow::Result<Child> {
         let mut a = vec![
             "soak".into(),
             self.server_addrs[0].clone(),
             "--bind".into(),
             self.client_addrs.join(","),
             "--seconds".into(),
-            self.secs.to_string(),
+            secs.to_string(),
             "--qps".into(),
             self.args.qps.to_string(),
             "--seed".into(),
@@ -229,62 +265,93 @@ impl Plan<'_> {
         self.spawn(cmd, &format!("{}-client", engine_name(self.engine)))
     }
 
-    /// Takes rail 2 of the client's side down or up.
-    fn rail(&self, up: bool) -> anyhow::Result<()> {
+    /// Starts taking rail 2 of the client's side down or up. It runs beside the run's loop:
+    /// taking a veth down waits for the kernel, up to 7 s on a loaded 2-core host, and the
+    /// server's kill must not wait for it.
+    fn rail(&self, up: bool) -> anyhow::Result<RailChange> {
         let ns = lab::namespace_name(self.lab, 1);
         let dev = lab::state::interface_name(0, 1);
         let state = if up { "up" } else { "down" };
-        let status = Command::new("ip")
+        let child = Command::new("ip")
             .args(["-n", &ns, "link", "set", "dev", &dev, state])
-            .status()
+            .stdin(Stdio::null())
+            .spawn()
             .context("running `ip` (iproute2) to pull a cable")?;
-        if !status.success() {
-            bail!("`ip -n {ns} link set dev {dev} {state}` failed");
-        }
-        Ok(())
+        Ok(RailChange {
+            child: Reaper(Some(child)),
+            what: format!("`ip -n {ns} link set dev {dev} {state}`"),
+        })
     }
 
     fn run(&self) -> anyhow::Result<EngineResult> {
         let engine = engine_name(self.engine);
-        println!("\n== {engine}: {} s", self.secs);
         let pull_at = self.secs * 0.2;
         let pull_for = (self.secs * 0.1).clamp(1.0, 5.0);
         let kill_at = self.secs * 0.5;
+        // After the kill the client must have the time to see its error within the bound and
+        // to reconnect, or a short run could end before either and judge nothing: a short
+        // run's client goes on past `secs` for that.
+        let after_kill =
+            role::failure_bound() + Duration::from_millis(BOUND_SLACK_MS) + RECONNECT_ALLOWANCE;
+        let client_secs = if self.args.no_kill {
+            self.secs
+        } else {
+            self.secs.max(kill_at + after_kill.as_secs_f64())
+        };
+        if client_secs > self.secs {
+            println!(
+                "\n== {engine}: {} s (the client runs {client_secs:.1} s: after the kill at {kill_at:.1} s it needs {:.1} s to show its error within the bound and reconnect)",
+                self.secs,
+                after_kill.as_secs_f64()
+            );
+        } else {
+            println!("\n== {engine}: {} s", self.secs);
+        }
         let mut server = Reaper(Some(self.server(1)?));
         // The client retries while the server starts listening.
         std::thread::sleep(Duration::from_millis(300));
-        let mut client = Reaper(Some(self.client()?));
+        let mut client = Reaper(Some(self.client(client_secs)?));
         let t0 = Instant::now();
         let (mut pulled, mut restored, mut killed) = (false, false, false);
         let mut kill_ms = 0;
+        let mut kill_t = 0.0;
         let mut pull_ms = 0;
-        // When `ip link set down` returned: taking a veth down waits for the kernel, which took
-        // up to 7 s on a loaded 2-core host, so the cable stays out `pull_for` from then.
-        let mut pulled_done = 0.0;
+        // The `ip` command under way, and when the pull's `ip link set down` returned: the
+        // cable stays out `pull_for` from then.
+        let mut rail_change: Option<RailChange> = None;
+        let mut pulled_done: Option<f64> = None;
         let mut problems = Vec::new();
-        let client_limit = Duration::from_secs_f64(self.secs + 90.0);
+        let client_limit = Duration::from_secs_f64(client_secs + 90.0);
         let client_status = loop {
             if let Some(status) = client.child().try_wait()? {
                 break Some(status);
             }
             let t = t0.elapsed().as_secs_f64();
+            if let Some(change) = &mut rail_change
+                && change.finished()?
+            {
+                rail_change = None;
+                if restored {
+                    println!("   {t:.1} s: rail 2 restored (`ip` returned)");
+                } else {
+                    pulled_done = Some(t);
+                    println!("   {t:.1} s: rail 2 is down (`ip` returned)");
+                }
+            }
             if !pulled && !self.args.no_pull && t >= pull_at {
                 pull_ms = unix_ms();
-                self.rail(false)?;
+                rail_change = Some(self.rail(false)?);
                 pulled = true;
-                pulled_done = t0.elapsed().as_secs_f64();
-                println!(
-                    "   {t:.1} s: rail 2 pulled (client side, link down; `ip` returned at {pulled_done:.1} s)"
-                );
+                println!("   {t:.1} s: pulling rail 2 (client side, link down)");
             }
-            if pulled && !restored && t >= pulled_done + pull_for {
-                self.rail(true)?;
+            if !restored && pulled_done.is_some_and(|done| t >= done + pull_for) {
+                rail_change = Some(self.rail(true)?);
                 restored = true;
-                let done = t0.elapsed().as_secs_f64();
-                println!("   {t:.1} s: rail 2 restored (`ip` returned at {done:.1} s)");
+                println!("   {t:.1} s: restoring rail 2");
             }
             if !killed && !self.args.no_kill && t >= kill_at {
                 kill_ms = unix_ms();
+                kill_t = t;
                 let s = server.child();
                 s.kill().context("killing the server")?;
                 let _ = s.wait();
@@ -304,9 +371,16 @@ impl Plan<'_> {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        if pulled && !restored {
-            self.rail(true)?;
+        // The cable goes back up whatever happened: after a pull still under way, if any.
+        if let Some(mut change) = rail_change.take() {
+            change.wait()?;
         }
+        if pulled && !restored {
+            self.rail(true)?.wait()?;
+        }
+        // A kill later than planned (this host did not run the orchestrator's loop) may leave
+        // the client too little time to show what it must; said with the problems it explains.
+        let kill_too_late = killed && kill_t - kill_at > 0.25;
         // The server ends once the client's last session ended cleanly.
         let until = Instant::now() + Duration::from_secs(20);
         let server_status = loop {
@@ -398,6 +472,13 @@ impl Plan<'_> {
             }
             if c.sessions < 2 {
                 problems.push("the client never reconnected".into());
+            }
+            if kill_too_late && (kill_to_error_ms.is_none() || c.sessions < 2) {
+                problems.push(format!(
+                    "the server was killed at {kill_t:.1} s instead of {kill_at:.1} s, which left the client {:.1} s of its {client_secs:.1} s run where it needs {:.1} s",
+                    client_secs - kill_t,
+                    after_kill.as_secs_f64()
+                ));
             }
         }
         Ok(EngineResult {
