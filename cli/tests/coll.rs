@@ -161,19 +161,8 @@ fn allreduce_rows_count_the_retransmissions_that_loss_causes() {
     let Some((_serial, lab)) = lab("crecov") else {
         return;
     };
-    let args = [
-        "allreduce",
-        "-b",
-        "64K",
-        "-e",
-        "64K",
-        "--check",
-        "--json",
-        "-n",
-        "40",
-        "-w",
-        "2",
-    ];
+    let one_size = ["allreduce", "-b", "64K", "-e", "64K", "--check", "--json"];
+    let args = [&one_size[..], &["-n", "40", "-w", "2"]].concat();
     let lossy = rows(
         &both_with_env(&lab, &args, &[("TBRDMA_FAULTS", "drop=10%,seed=7")]),
         "allreduce with 10% loss",
@@ -203,13 +192,6 @@ fn allreduce_rows_count_the_retransmissions_that_loss_causes() {
     // host whose cores two other busy processes share (measured), so the bound has a margin
     // of ten.
     let gap = [
-        "allreduce",
-        "-b",
-        "64K",
-        "-e",
-        "64K",
-        "--check",
-        "--json",
         "-n",
         "10",
         "-w",
@@ -223,7 +205,7 @@ fn allreduce_rows_count_the_retransmissions_that_loss_causes() {
         ("tbrdma with gaps", "tbrdma"),
         ("tcp ring with gaps", "tcp"),
     ] {
-        let gapped = [&gap[..], &["--transport", transport]].concat();
+        let gapped = [&one_size[..], &gap[..], &["--transport", transport]].concat();
         let row = &rows(&both(&lab, &gapped), what)[0];
         check_row(row, 65536, "f32", "sum");
         assert!(num(row, "time_us_median") < 50_000.0, "{what}: {row}");
