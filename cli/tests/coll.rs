@@ -307,18 +307,21 @@ fn the_other_collectives_and_tp_bench_report_what_they_measured() {
         "{v}"
     );
     assert!(num(v, "token_ms") > 0.0, "{v}");
-    // With 2 ms of compute before each of the 8 all-reduces a token takes at least 16 ms, the
+    // With 25 ms of compute before each of the 8 all-reduces a token takes at least 200 ms, the
     // all-reduces themselves are timed without it, and tokens/s is what the step time allows.
+    // (A timed all-reduce still waits for the peer's compute to end: with two other busy
+    // processes on the 2 cores their median was 2.4 ms after 2 ms of compute, hence the long
+    // compute and the bound's margin.)
     let computed = [
         &args[..],
-        &["--compute-us", "2000", "--compute-touch-mib", "1"],
+        &["--compute-us", "25000", "--compute-touch-mib", "1"],
     ]
     .concat();
     let computed_rows = rows(&both(&lab, &computed), "tp-bench with compute");
     let v = &computed_rows[0];
-    assert_eq!(v["compute_us_per_allreduce"].as_u64(), Some(2000), "{v}");
-    assert!(num(v, "token_ms") >= 16.0, "{v}");
-    assert!(num(v, "allreduce_us_median") < 2000.0, "{v}");
+    assert_eq!(v["compute_us_per_allreduce"].as_u64(), Some(25_000), "{v}");
+    assert!(num(v, "token_ms") >= 200.0, "{v}");
+    assert!(num(v, "allreduce_us_median") < 25_000.0, "{v}");
     assert!(
         (num(v, "tokens_per_s") * num(v, "token_ms") / 1e3 - 1.0).abs() < 1e-6,
         "{v}"
