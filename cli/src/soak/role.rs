@@ -42,9 +42,6 @@ struct Announce {
 
 const TOOL: &str = "soak";
 
-/// How the session's connections are configured: the defaults (so the failure bounds are
-/// the documented ones), but a peer busy verifying a megabyte, or descheduled on a loaded
-/// host, is not "not ready" for good: receiver-not-ready retries for up to 5 s.
 /// How long after a peer vanishes a session's first error completion may come: the retry
 /// budget or the idle timeout of the soak's queue pairs, whichever is longer.
 pub fn failure_bound() -> Duration {
@@ -52,6 +49,9 @@ pub fn failure_bound() -> Duration {
     config.retry_budget().max(config.idle_timeout)
 }
 
+/// How the session's connections are configured: the defaults (so the failure bounds are
+/// the documented ones), but a peer busy verifying a megabyte, or descheduled on a loaded
+/// host, is not "not ready" for good: receiver-not-ready retries for up to 5 s.
 fn qp_config() -> Config {
     Config {
         rnr_delay: Duration::from_millis(1),
