@@ -21,3 +21,13 @@ impl Drop for LabGuard {
         }
     }
 }
+
+/// What a benchmark's header says about tbrdma's data digests, which the children inherit from
+/// the environment (`TBRDMA_DATA_DIGEST`, docs/wire-format.md, "What the CRC covers").
+pub fn data_digest_note() -> String {
+    let env = tbrdma_engine::worker::DATA_DIGEST_ENV;
+    match std::env::var(env) {
+        Ok(value) if !value.trim().is_empty() => format!("tbrdma data digests: {env}={value}"),
+        _ => format!("tbrdma data digests: off (the default; {env}=1 turns them on)"),
+    }
+}

@@ -120,6 +120,9 @@ fn run_sim(args: DemoArgs) -> anyhow::Result<()> {
     );
     let config = Config {
         max_retries: 12,
+        // A simulated cable corrupts without the CRC a real link checks, so the payloads
+        // carry tbrdma's own (docs/wire-format.md, "What the CRC covers").
+        data_digest: args.corrupt > 0.0,
         ..Config::default()
     };
     let mut p = Pair::new(PairConfig {

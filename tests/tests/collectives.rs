@@ -92,10 +92,16 @@ fn run_suite(
         }
     }
     let children = spawn_all_with(&lab, "suite", args, |rank| match cable {
+        // (A corrupting plan turns the data digest on by itself.)
         Cable::UserSpace(faults) => vec![(
             "TBRDMA_FAULTS",
             faults.user_space_plan(rank as u64 + 1, REORDER),
         )],
+        // On veth the kernel neither computes nor checks UDP checksums and there is no link
+        // CRC, so a cable that corrupts needs tbrdma's data digest (docs/wire-format.md).
+        Cable::Kernel(faults) if faults.corrupt > 0 => {
+            vec![(tbrdma_engine::worker::DATA_DIGEST_ENV, "1".to_string())]
+        }
         _ => Vec::new(),
     });
     let outputs: Vec<_> = children.into_iter().map(finish).collect();

@@ -282,6 +282,7 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    println!("# {}", tbrdma_benches::data_digest_note());
     // case -> transport -> one Figures per round
     type Rounds = Vec<(String, String, Vec<(String, Vec<Figures>)>)>;
     let mut results: Rounds = Vec::new();

@@ -172,8 +172,13 @@ pub fn engine_summary(dev: &Device) -> String {
         1 => String::new(),
         n => format!(", {n} rails"),
     };
+    let digests = if dev.asks_data_digest() {
+        ", data digests"
+    } else {
+        ""
+    };
     format!(
-        "engine {}, {progress} progress{rails}{}",
+        "engine {}, {progress} progress{rails}{digests}{}",
         dev.engine_kind().name(),
         dev.engine_fallback()
             .map(|why| format!("; io_uring unavailable: {why}"))

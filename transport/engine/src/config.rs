@@ -89,6 +89,40 @@ pub struct EngineConfig {
     /// soak runs: see [`crate::io::faults`]). `None` reads the `TBRDMA_FAULTS` environment
     /// variable, and a healthy link when it is unset.
     pub faults: Option<FaultPlan>,
+    /// Ask every connection of this engine for data digests (a CRC-32C over every payload as
+    /// well as every header, [`Config::data_digest`]), whatever each queue pair's own
+    /// configuration says. `None` reads the `TBRDMA_DATA_DIGEST` environment variable (`1` or
+    /// `0`), off when it is unset. Always on while [`Self::faults`] corrupts datagrams: that
+    /// cable corrupts without the link CRC a real one has.
+    pub data_digest: Option<bool>,
+}
+
+/// The environment variable [`EngineConfig::data_digest`] reads when it is `None`.
+pub const DATA_DIGEST_ENV: &str = "TBRDMA_DATA_DIGEST";
+
+impl EngineConfig {
+    /// Whether this engine's connections ask for data digests: [`Self::data_digest`], or the
+    /// environment when that is `None`, or a fault plan (`faults`, resolved) that corrupts.
+    pub(crate) fn asks_data_digest(&self, faults: Option<&FaultPlan>) -> Result<bool, String> {
+        let asked = match self.data_digest {
+            Some(on) => on,
+            None => match std::env::var(DATA_DIGEST_ENV) {
+                Ok(value) => parse_switch(&value)
+                    .ok_or_else(|| format!("{DATA_DIGEST_ENV}={value:?}: use 1 or 0"))?,
+                Err(_) => false,
+            },
+        };
+        Ok(asked || faults.is_some_and(|plan| plan.corrupt > 0.0))
+    }
+}
+
+/// `1`/`on`/`true`/`yes` or `0`/`off`/`false`/`no` (or empty), as environment switches say.
+fn parse_switch(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "on" | "true" | "yes" => Some(true),
+        "" | "0" | "off" | "false" | "no" => Some(false),
+        _ => None,
+    }
 }
 
 /// Longest sleep of an engine thread whose application threads assist it
@@ -166,6 +200,7 @@ impl Default for EngineConfig {
             keeper_takeover: false,
             assist: false,
             faults: None,
+            data_digest: None,
         }
     }
 }

@@ -177,6 +177,8 @@ pub(crate) struct State {
     /// Payloads of at least this many bytes are sent from their region in place
     /// ([`crate::worker::EngineConfig::gather_threshold`]; `usize::MAX`: never).
     gather_from: usize,
+    /// Every connection asks for data digests ([`crate::EngineConfig::data_digest`]).
+    data_digest: bool,
     /// Where the next datagram may be received (one zone per engine: the collectives open a
     /// device per neighbour), and the protection domain of its region.
     landing: Option<Landing>,
@@ -215,6 +217,7 @@ impl State {
         rails: usize,
         max_datagram: usize,
         gather_from: usize,
+        data_digest: bool,
         first_qpn: u32,
     ) -> State {
         State {
@@ -231,6 +234,7 @@ impl State {
             dirty: false,
             bindings: vec![Binding::Open; rails],
             gather_from,
+            data_digest,
             landing: None,
             landing_pd: 0,
         }
@@ -417,7 +421,7 @@ impl State {
     /// one (see [`Binding`]), before its first datagram leaves.
     pub(crate) fn add_connection(&mut self, new: NewConnection, now: Time) {
         let NewConnection {
-            config,
+            mut config,
             active,
             params,
             peers,
@@ -426,6 +430,7 @@ impl State {
             recv_cq,
         } = new;
         let qp_num = params.local_qpn;
+        config.data_digest |= self.data_digest;
         let mut conn = if active {
             Connection::connect(config, params, now)
         } else {
@@ -1011,7 +1016,7 @@ mod tests {
 
     /// A state with one passive connection, `qpn`, whose completions go to `send`/`recv`.
     fn one_connection(qpn: u32, send: &Arc<CqShared>, recv: &Arc<CqShared>) -> State {
-        let mut state = State::new(1, 1500, usize::MAX, 0);
+        let mut state = State::new(1, 1500, usize::MAX, false, 0);
         let pd = state.add_protection_domain([7; 32]);
         state.add_connection(
             NewConnection {

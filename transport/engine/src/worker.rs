@@ -29,13 +29,14 @@ use tbrdma_proto::{Access, ConnectionState, Event, RecvWr, Region, RegionId, Sen
 
 use crate::cq::CqShared;
 use crate::io::EngineKind;
+use crate::io::faults::FaultPlan;
 use crate::memory::Buffer;
 use crate::progress::{Shared, launch};
 use crate::state::State;
 
 pub use crate::config::{
-    ASSISTED_ACK_HOLD, ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW, DEFAULT_GATHER_THRESHOLD,
-    EngineConfig, Progress,
+    ASSISTED_ACK_HOLD, ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW, DATA_DIGEST_ENV,
+    DEFAULT_GATHER_THRESHOLD, EngineConfig, Progress,
 };
 pub use crate::keeper::{CALLER_PASS_OVERDUE, KEEPER_HOLD, TAKEOVER_AWAY};
 pub use crate::state::{EngineStats, NewConnection, PdId, PostFailed, SEND_HEADROOM, WriteZone};
@@ -52,6 +53,8 @@ pub struct Engine {
     shared: Arc<Shared>,
     /// The engine thread (thread mode) or the keeper (caller mode).
     worker: Option<JoinHandle<()>>,
+    /// Every connection asks for data digests (resolved at start, see `asks_data_digest`).
+    data_digest: bool,
     config: EngineConfig,
     kind: EngineKind,
     fallback: Option<String>,
@@ -75,7 +78,7 @@ pub fn random_u64() -> u64 {
 impl Engine {
     /// Binds a UDP socket to each address of `binds` (one per rail: the links to the same
     /// peers) and starts an engine on them.
-    pub fn start(binds: &[SocketAddr], config: EngineConfig) -> io::Result<Engine> {
+    pub fn start(binds: &[SocketAddr], mut config: EngineConfig) -> io::Result<Engine> {
         if binds.is_empty() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -100,10 +103,19 @@ impl Engine {
         // can see why a path was or was not taken.
         let features = crate::probe::probe();
         tracing::debug!("kernel features:\n{features}");
+        // The fault plan is read once, here: whether it corrupts decides the digests too.
+        let invalid = |why| io::Error::new(io::ErrorKind::InvalidInput, why);
+        if config.faults.is_none() {
+            config.faults = FaultPlan::from_env().map_err(invalid)?;
+        }
+        let data_digest = config
+            .asks_data_digest(config.faults.as_ref())
+            .map_err(invalid)?;
         let state = State::new(
             binds.len(),
             config.max_datagram,
             config.gather_threshold.unwrap_or(usize::MAX),
+            data_digest,
             (random_u64() as u32) & 0x00ff_ffff,
         );
         let shared = Arc::new(Shared::new(state, &config)?);
@@ -120,6 +132,7 @@ impl Engine {
         Ok(Engine {
             shared,
             worker: Some(worker),
+            data_digest,
             config,
             kind,
             fallback,
@@ -132,6 +145,12 @@ impl Engine {
     /// The backend in use.
     pub fn kind(&self) -> EngineKind {
         self.kind
+    }
+
+    /// Whether every connection of this engine asks for data digests
+    /// ([`EngineConfig::data_digest`], the environment, or a fault plan that corrupts).
+    pub fn asks_data_digest(&self) -> bool {
+        self.data_digest
     }
 
     /// Whether the application's polls run the loop (caller mode, or thread mode with

@@ -112,6 +112,14 @@ pub struct Config {
     /// it again. Costs a header CRC and two 32-bit carry-less products per datagram; off by
     /// default.
     pub message_crc: bool,
+    /// Ask for data digests: every data packet's CRC-32C covers its payload as well as its
+    /// headers, both ways (the peer's asking is enough). Off by default: a payload is then
+    /// vouched for by the link (thunderbolt-net's frames carry a CRC the host interface
+    /// checks, Ethernet's an FCS) and, on the sockets and io_uring engines, by UDP's checksum,
+    /// which the kernels compute and check; the headers, which say where a payload goes, are
+    /// always covered. Turn it on where a link may corrupt undetected. See
+    /// `docs/wire-format.md`, "What the CRC covers".
+    pub data_digest: bool,
 }
 
 impl Default for Config {
@@ -146,6 +154,7 @@ impl Default for Config {
             max_send_wr: 1024,
             max_recv_wr: 1024,
             message_crc: false,
+            data_digest: false,
         }
     }
 }

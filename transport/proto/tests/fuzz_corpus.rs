@@ -11,8 +11,8 @@ use tbrdma_proto::fuzzing::{
 };
 use tbrdma_proto::seq::Psn;
 use tbrdma_proto::wire::{
-    self, ErrorCode, Ext, FLAG_ACK_REQUEST, FLAG_ACK_VALID, FLAG_HAS_IMM, Handshake, Header,
-    MAX_HEADER_LEN, NakCode, Remote, SackBlock, SackList, Segment,
+    self, ErrorCode, Ext, FLAG_ACK_REQUEST, FLAG_ACK_VALID, FLAG_DATA_DIGEST, FLAG_HAS_IMM,
+    Handshake, Header, MAX_HEADER_LEN, NakCode, Remote, SackBlock, SackList, Segment,
 };
 
 fn corpus(target: &str) -> PathBuf {
@@ -105,6 +105,12 @@ fn sample_datagrams() -> Vec<(&'static str, Vec<u8>)> {
         ("send_empty", 0, Ext::Send(segment(0, 0)), 0),
         ("write", valid, Ext::Write(segment(8, 16), remote), 8),
         (
+            "write_digest",
+            valid | FLAG_DATA_DIGEST,
+            Ext::Write(segment(8, 16), remote),
+            8,
+        ),
+        (
             "write_imm",
             valid,
             Ext::WriteWithImm(segment(0, 3), remote),
@@ -192,6 +198,12 @@ fn sample_datagrams() -> Vec<(&'static str, Vec<u8>)> {
             0,
         ),
         ("connect", 0, Ext::Connect(handshake), 0),
+        (
+            "connect_digest",
+            FLAG_DATA_DIGEST,
+            Ext::Connect(handshake),
+            0,
+        ),
         ("accept", 0, Ext::Accept(handshake), 0),
         ("close", 0, Ext::Close { reason: 0 }, 0),
         ("keepalive", valid, Ext::KeepAlive, 0),

@@ -291,6 +291,9 @@ fn config(faults: &Faults) -> Config {
     Config {
         max_datagram: faults.max_datagram,
         max_retries: 16,
+        // The simulated link corrupts undetected (a real one's CRC would drop the frame), so
+        // payloads need the digest there; clean links run without it, as by default.
+        data_digest: faults.corrupt > 0.0,
         ..Config::default()
     }
 }

@@ -148,6 +148,13 @@ impl Device {
         self.inner.engine.kind()
     }
 
+    /// Whether every queue pair of this device asks for data digests
+    /// (`EngineConfig::data_digest`, `TBRDMA_DATA_DIGEST`, or a fault plan that corrupts);
+    /// a queue pair's own `Config::data_digest`, or its peer's, can ask too.
+    pub fn asks_data_digest(&self) -> bool {
+        self.inner.engine.asks_data_digest()
+    }
+
     /// Engine counters (datagrams dropped as foreign, busy iterations, sleeps).
     pub fn engine_stats(&self) -> tbrdma_engine::worker::EngineStats {
         self.inner.engine.stats()

@@ -436,6 +436,7 @@ pub fn table(run: &Run) -> String {
          about 2; more than that before the start means another job shared the cores)",
         run.load_before, run.load_after
     );
+    let _ = writeln!(s, "{}", tbrdma_benches::data_digest_note());
     let groups = by_case(run);
     // With one round, the per-round column would only repeat the row.
     let per_round = |text: &str, width: usize| {

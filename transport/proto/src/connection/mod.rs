@@ -223,6 +223,10 @@ pub struct Connection {
     state: ConnectionState,
     /// Payload bytes per packet, agreed in the handshake.
     max_payload: u32,
+    /// Whether data packets carry a data digest, both ways: asked for by this side
+    /// ([`Config::data_digest`], or [`Config::message_crc`], which is built from the digests)
+    /// or by the peer in its CONNECT or ACCEPT. Data packets without one are then dropped.
+    data_digest: bool,
     tx: TxStream,
     rx: RxStream,
     /// When to acknowledge what `rx` received.
@@ -283,6 +287,7 @@ impl Connection {
         let tx = TxStream::new(params.initial_psn, &config);
         Connection {
             max_payload,
+            data_digest: config.data_digest || config.message_crc,
             tx,
             rx: RxStream::new(),
             ack: AckPolicy::new(&config),
@@ -330,6 +335,12 @@ impl Connection {
     /// Counters.
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Whether data packets carry data digests, both ways (asked for by either side: see
+    /// [`Config::data_digest`]); final once the connection is established.
+    pub fn uses_data_digest(&self) -> bool {
+        self.data_digest
     }
 
     /// Declares how many paths (rails: links to the same peer) the connection may use; path 0
@@ -537,10 +548,17 @@ impl Connection {
             self.stats.foreign += 1;
             return;
         }
+        if self.data_digest && !header.data_digest() && header.opcode.carries_data() {
+            // Both sides agreed on digests: a payload nothing vouches for is not placed.
+            self.stats.corrupted += 1;
+            return;
+        }
         self.stats.packets_received += 1;
         self.paths.mark_up(path, &mut self.timers);
         match self.state {
-            ConnectionState::Connecting => self.handle_handshake(now, &packet.ext),
+            ConnectionState::Connecting => {
+                self.handle_handshake(now, &packet.ext, header.data_digest())
+            }
             ConnectionState::Established | ConnectionState::Draining => {
                 self.heard(now);
                 if let Ext::Connect(_) = packet.ext {
@@ -581,7 +599,9 @@ impl Connection {
         }
     }
 
-    fn handle_handshake(&mut self, now: Time, ext: &Ext) {
+    /// `data_digest`: the peer's CONNECT asks for data digests, or its ACCEPT says both sides
+    /// use them.
+    fn handle_handshake(&mut self, now: Time, ext: &Ext, data_digest: bool) {
         let peer = match (self.role, ext) {
             (Role::Passive, Ext::Connect(h)) | (Role::Active, Ext::Accept(h)) => *h,
             _ => return,
@@ -596,6 +616,7 @@ impl Connection {
         self.heard(now);
         self.max_payload = crate::config::agreed_payload(self.max_payload, peer.max_payload);
         self.tx.set_peer_window(peer.window);
+        self.data_digest |= data_digest;
         self.rx.start(peer.initial_psn);
         self.state = ConnectionState::Established;
         self.timers.stop(Timer::Handshake);
@@ -857,13 +878,20 @@ impl Connection {
         } else {
             0
         };
+        // On every packet: the CONNECT asks, the ACCEPT answers, and a data packet's CRC then
+        // covers its payload.
+        let digest_flag = if self.data_digest {
+            wire::FLAG_DATA_DIGEST
+        } else {
+            0
+        };
         Header {
             opcode,
             token: self.params.token,
             dest_qpn: self.params.remote_qpn,
             psn,
             ack_psn: self.rx.expected(),
-            flags: flags | ack_flag,
+            flags: flags | ack_flag | digest_flag,
         }
     }
 

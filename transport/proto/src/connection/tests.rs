@@ -819,8 +819,10 @@ fn corrupted_and_foreign_datagrams_are_dropped() {
         corrupt: 0.3,
         ..LinkConfig::default()
     };
+    // The simulated link corrupts undetected, so the payload needs the digest.
     let config = Config {
         max_retries: 30,
+        data_digest: true,
         ..Config::default()
     };
     let mut p = pair_with(link, config);
@@ -2153,4 +2155,138 @@ fn the_tail_probe_waits_out_the_peers_acknowledgement_hold() {
     assert_eq!(p.a.take_completions().len(), 20);
     let stats = p.a.conn.stats();
     assert_eq!((stats.tail_probes, stats.retransmits), (0, 0), "{stats:?}");
+}
+
+/// Data digests are used both ways when either side asks (or wants message CRCs, which are
+/// built from them): the side that asks gets digested payloads from a peer that did not.
+#[test]
+fn either_side_asking_for_data_digests_turns_them_on_both_ways() {
+    let ask = |data_digest, message_crc| Config {
+        data_digest,
+        message_crc,
+        ..Config::default()
+    };
+    for (a, b, expected) in [
+        (ask(false, false), ask(false, false), false),
+        (ask(true, false), ask(false, false), true),
+        (ask(false, false), ask(true, false), true),
+        (ask(false, false), ask(false, true), true),
+        (ask(true, false), ask(true, false), true),
+    ] {
+        let mut p = Pair::new(PairConfig {
+            seed: 7,
+            config_a: a.clone(),
+            config_b: b.clone(),
+            link: LinkConfig::default(),
+        });
+        assert_eq!(p.a.conn.uses_data_digest(), expected, "{a:?} / {b:?}");
+        assert_eq!(p.b.conn.uses_data_digest(), expected, "{a:?} / {b:?}");
+        // The flag on the data packets says so, and the CRC covers the payload exactly then.
+        let src = p.a.mem.alloc(100, Access::LOCAL_WRITE);
+        let dst = p.b.mem.alloc(100, RW);
+        p.a.post_send(SendWr {
+            wr_id: 1,
+            local: sge(&src, 0, 100),
+            op: SendOp::Write {
+                remote: remote(&dst, 0),
+            },
+        })
+        .unwrap();
+        let now = p.now;
+        let writes: Vec<_> = transmit_all(&mut p.a, now)
+            .into_iter()
+            .filter(|d| crate::wire::decode(d).is_ok_and(|p| p.header.opcode.carries_data()))
+            .collect();
+        assert_eq!(writes.len(), 1);
+        let packet = crate::wire::decode(&writes[0]).unwrap();
+        assert_eq!(packet.header.data_digest(), expected);
+        assert_eq!(
+            crate::wire::crc_stops_at(&writes[0]).is_none(),
+            expected,
+            "the CRC covers the payload"
+        );
+    }
+}
+
+/// Over a link that corrupts undetected, the side that asked for digests receives intact data
+/// from a peer that did not ask.
+#[test]
+fn the_receiver_asking_for_digests_is_enough_over_a_corrupting_link() {
+    let mut p = Pair::new(PairConfig {
+        seed: 11,
+        config_a: Config {
+            max_retries: 30,
+            ..Config::default()
+        },
+        config_b: Config {
+            max_retries: 30,
+            data_digest: true,
+            ..Config::default()
+        },
+        link: LinkConfig {
+            corrupt: 0.3,
+            ..LinkConfig::default()
+        },
+    });
+    let len = 1 << 20;
+    let src = p.a.mem.alloc(len, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(len, RW);
+    p.a.mem.fill(&src, 0, &pattern(len, 12));
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, len as u64),
+        op: SendOp::Write {
+            remote: remote(&dst, 0),
+        },
+    })
+    .unwrap();
+    assert!(p.drive(STEPS));
+    assert_eq!(only(p.a.take_completions()).status, WcStatus::Success);
+    assert!(
+        p.b.mem.bytes(&dst, 0, len) == &pattern(len, 12)[..],
+        "memory differs"
+    );
+    assert!(p.b.conn.stats().corrupted > 0);
+}
+
+/// On a connection that agreed on digests, a data packet without one (a peer that ignores the
+/// agreement) is dropped before it touches memory; with one, the same packet lands.
+#[test]
+fn a_data_packet_without_the_agreed_digest_is_dropped() {
+    use crate::wire::{FLAG_DATA_DIGEST, decode};
+    let config = Config {
+        data_digest: true,
+        ..Config::default()
+    };
+    let mut p = pair_with(LinkConfig::default(), config);
+    let src = p.a.mem.alloc(64, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(64, RW);
+    p.a.mem.fill(&src, 0, &[0x42; 64]);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, 64),
+        op: SendOp::Write {
+            remote: remote(&dst, 0),
+        },
+    })
+    .unwrap();
+    let now = p.now;
+    let datagrams = transmit_all(&mut p.a, now);
+    let write = datagrams
+        .iter()
+        .find(|d| decode(d).is_ok_and(|p| p.header.opcode.carries_data()))
+        .expect("a WRITE");
+    let genuine = decode(write).unwrap();
+    let mut undigested = genuine;
+    undigested.header.flags &= !FLAG_DATA_DIGEST;
+    let forged = forge(&undigested, genuine.ext, genuine.payload);
+    let corrupted = p.b.conn.stats().corrupted;
+    p.b.conn.handle_datagram(now, &forged, &mut p.b.mem);
+    assert_eq!(p.b.conn.stats().corrupted, corrupted + 1);
+    assert!(
+        p.b.mem.bytes(&dst, 0, 64) == &[0u8; 64][..],
+        "the payload was placed"
+    );
+    p.b.conn.handle_datagram(now, write, &mut p.b.mem);
+    assert!(p.b.mem.bytes(&dst, 0, 64) == &[0x42u8; 64][..]);
 }

@@ -63,7 +63,8 @@ pub struct Packet<'a> {
 impl Packet<'_> {
     /// The CRC-32C of the payload alone, taken out of the datagram's CRC: the payload is not
     /// read again, only the header's CRC is computed (see [`super::crc_algebra`]). `shifter`
-    /// is cheap for the length most payloads have.
+    /// is cheap for the length most payloads have. Meaningful only when the CRC covers the
+    /// payload ([`Header::data_digest`] on a data packet).
     pub fn payload_crc(&self, shifter: &super::crc_algebra::Shifter) -> u32 {
         let head_crc = super::crc_of_parts(self.head, |_| {});
         self.crc ^ shifter.shift(head_crc, self.payload.len() as u64)

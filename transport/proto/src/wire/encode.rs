@@ -3,10 +3,12 @@
 //! where it lies (sent as a second part of a gathered datagram) is fed to [`seal_parts`]
 //! instead: the CRC on the wire is the same.
 
-use super::{COMMON_HEADER_LEN, CRC_RANGE, Ext, Header, MAGIC, VERSION};
+use super::{COMMON_HEADER_LEN, CRC_RANGE, Ext, Header, MAGIC, VERSION, crc_stops_at};
 use crate::codec::{Put, SliceWriter};
 
-/// CRC-32C (Castagnoli) of a datagram, skipping the CRC field itself.
+/// CRC-32C (Castagnoli) of a datagram, skipping the CRC field itself, over the bytes its
+/// flags say it covers ([`super::crc_stops_at`]: the payload of a data packet only with a
+/// data digest).
 ///
 /// Castagnoli rather than the IEEE polynomial for its error detection on datagrams of up to
 /// 64 KiB (Hamming distance 4 over the whole length, where IEEE drops to 3 beyond ~11 KiB).
@@ -19,14 +21,19 @@ pub fn crc_of(datagram: &[u8]) -> u32 {
 
 /// CRC-32C of a datagram sent in two parts: `header` (which may also hold some or all of the
 /// payload), then the bytes `payload` hands to its argument, in order. The CRC field inside
-/// `header` is skipped, so the value is the one [`crc_of`] gives for the concatenation.
+/// `header` is skipped, so the value is the one [`crc_of`] gives for the concatenation; a data
+/// packet without a data digest leaves its payload out, and `payload` is then not called.
 pub fn crc_of_parts(header: &[u8], payload: impl FnOnce(&mut dyn FnMut(&[u8]))) -> u32 {
+    let stop = crc_stops_at(header);
+    let header = &header[..stop.map_or(header.len(), |end| end.min(header.len()))];
     let head = header.get(..CRC_RANGE.start).unwrap_or(header);
     let tail = header.get(CRC_RANGE.end..).unwrap_or(&[]);
     let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
     digest.update(head);
     digest.update(tail);
-    payload(&mut |bytes| digest.update(bytes));
+    if stop.is_none() {
+        payload(&mut |bytes| digest.update(bytes));
+    }
     // A 32-bit CRC in the low half.
     digest.finalize() as u32
 }

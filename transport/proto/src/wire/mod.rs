@@ -12,14 +12,16 @@ mod opcode;
 
 pub use decode::{DecodeError, Packet, WriteTarget, decode, is_ack, packet_len, peek_write_target};
 pub use encode::{crc_of, crc_of_parts, seal, seal_parts, write_header};
+
 pub use opcode::{ErrorCode, NakCode, Opcode};
 
 use crate::seq::Psn;
 
 /// First two bytes of every datagram: `"tB"`.
 pub const MAGIC: [u8; 2] = *b"tB";
-/// The protocol version this crate speaks.
-pub const VERSION: u8 = 2;
+/// The protocol version this crate speaks (3: a data packet's CRC covers its payload only
+/// with [`FLAG_DATA_DIGEST`]).
+pub const VERSION: u8 = 3;
 /// Size of the common header.
 pub const COMMON_HEADER_LEN: usize = 32;
 /// Largest extension header (WRITE and WRITE_WITH_IMM).
@@ -39,8 +41,14 @@ pub const FLAG_ACK_VALID: u16 = 1;
 pub const FLAG_HAS_IMM: u16 = 1 << 1;
 /// Flag: the sender asks for an acknowledgement without delay (last packet of a message).
 pub const FLAG_ACK_REQUEST: u16 = 1 << 2;
+/// Flag: the connection uses data digests. On a data packet (SEND, WRITE, WRITE_WITH_IMM,
+/// READ_RESPONSE) the CRC then covers the payload too; without it the CRC covers the headers
+/// only and the payload's integrity is the link's (docs/wire-format.md, "What the CRC
+/// covers"). On CONNECT it asks the peer for data digests; on ACCEPT it says both sides use
+/// them. Every other packet is covered whole whatever this bit says.
+pub const FLAG_DATA_DIGEST: u16 = 1 << 3;
 /// Flags this version defines; a datagram with any other bit set is rejected.
-pub const KNOWN_FLAGS: u16 = FLAG_ACK_VALID | FLAG_HAS_IMM | FLAG_ACK_REQUEST;
+pub const KNOWN_FLAGS: u16 = FLAG_ACK_VALID | FLAG_HAS_IMM | FLAG_ACK_REQUEST | FLAG_DATA_DIGEST;
 
 /// The common header, as decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +72,26 @@ impl Header {
     pub fn ack_valid(&self) -> bool {
         self.flags & FLAG_ACK_VALID != 0
     }
+
+    /// Whether the packet says its connection uses data digests ([`FLAG_DATA_DIGEST`]).
+    pub fn data_digest(&self) -> bool {
+        self.flags & FLAG_DATA_DIGEST != 0
+    }
+}
+
+/// Where the CRC of the datagram that starts with `head` stops: `Some(header length)` for a
+/// data packet without [`FLAG_DATA_DIGEST`], whose payload is left out (its common and
+/// extension headers are always covered), `None` for any other datagram, covered whole. Reads
+/// only the opcode and flags, so it is safe on any input: bytes too short to say, or of an
+/// unknown opcode, are covered whole (and rejected later).
+pub fn crc_stops_at(head: &[u8]) -> Option<usize> {
+    let (Some(&opcode), Some(flags)) = (head.get(3), head.get(28..30)) else {
+        return None;
+    };
+    let flags = u16::from_le_bytes([flags[0], flags[1]]);
+    Opcode::from_u8(opcode)
+        .filter(|op| op.carries_data() && flags & FLAG_DATA_DIGEST == 0)
+        .map(|op| COMMON_HEADER_LEN + op.ext_len())
 }
 
 /// Where a segment sits inside its message; carried by every data-bearing packet so that each

@@ -65,6 +65,15 @@ impl Opcode {
         (self as u8) < 0x10
     }
 
+    /// Whether packets of this opcode carry message bytes after a segment header (SEND,
+    /// WRITE, WRITE_WITH_IMM, READ_RESPONSE): the payload a data digest covers.
+    pub const fn carries_data(self) -> bool {
+        matches!(
+            self,
+            Opcode::Send | Opcode::Write | Opcode::WriteWithImm | Opcode::ReadResponse
+        )
+    }
+
     /// Size of this opcode's extension header.
     pub const fn ext_len(self) -> usize {
         match self {
