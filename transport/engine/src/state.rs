@@ -725,6 +725,7 @@ impl State {
                 arenas,
                 *landing_pd,
                 region_users,
+                revoked,
                 &mut unused,
             );
             if let Some(t) = slot.conn.poll_timeout() {
@@ -825,6 +826,7 @@ impl State {
                 arenas,
                 *landing_pd,
                 region_users,
+                revoked,
                 &mut unused,
             );
         }
@@ -842,13 +844,14 @@ impl State {
 }
 
 /// Hands `slot`'s new completions to its completion queues (releasing the regions they name:
-/// revoked ones no request names any more go into `unused`) and keeps its new events.
+/// `revoked` ones no request names any more go into `unused`) and keeps its new events.
 fn route_completions(
     slot: &mut Slot,
     landing: &mut Option<Landing>,
     arenas: &mut [Arena],
     landing_pd: usize,
     region_users: &mut HashMap<(usize, RegionId), usize>,
+    revoked: &rustc_hash::FxHashSet<(usize, RegionId)>,
     unused: &mut Vec<(usize, RegionId)>,
 ) -> u64 {
     let mut routed = 0;
@@ -869,7 +872,13 @@ fn route_completions(
                 (&slot.recv_cq, &mut slot.rq_regions)
             }
         };
-        unused.extend(release_completed(region_users, slot.pd, regions));
+        // Only a revoked region is collected: most completions release one still registered,
+        // and collecting those cost an allocation per completion.
+        if let Some(key) = release_completed(region_users, slot.pd, regions) {
+            if revoked.contains(&key) {
+                unused.push(key);
+            }
+        }
         cq.push(Completion {
             wc,
             qp_num: slot.conn.params().local_qpn,
