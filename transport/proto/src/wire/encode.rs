@@ -16,7 +16,28 @@ use crate::codec::{Put, SliceWriter};
 /// which measured 2.3-2.5× faster than the crc32c crate's SSE4.2 loop from 4 KiB up; see
 /// `docs/performance.md`.
 pub fn crc_of(datagram: &[u8]) -> u32 {
+    if datagram.len() <= SMALL_CRC {
+        let covered =
+            crc_stops_at(datagram).map_or(datagram, |end| datagram.get(..end).unwrap_or(datagram));
+        return small_crc(covered);
+    }
     crc_of_parts(datagram, |_| {})
+}
+
+/// Up to this many covered bytes (every header, and small packets whole), the CRC is one
+/// call on a contiguous copy: a header is cut in two by the CRC field, and feeding crc-fast's
+/// digest two pieces cost twice what one piece does (callgrind, 8-byte ping-pong).
+const SMALL_CRC: usize = 256;
+
+/// CRC-32C of `bytes` (at most [`SMALL_CRC`] of them), skipping the CRC field.
+fn small_crc(bytes: &[u8]) -> u32 {
+    let head = bytes.get(..CRC_RANGE.start).unwrap_or(bytes);
+    let tail = bytes.get(CRC_RANGE.end..).unwrap_or(&[]);
+    let mut joined = [0u8; SMALL_CRC];
+    let len = (head.len() + tail.len()).min(SMALL_CRC);
+    joined[..head.len()].copy_from_slice(head);
+    joined[head.len()..len].copy_from_slice(&tail[..len - head.len()]);
+    crc_fast::crc32_iscsi(&joined[..len])
 }
 
 /// CRC-32C of a datagram sent in two parts: `header` (which may also hold some or all of the
@@ -24,16 +45,15 @@ pub fn crc_of(datagram: &[u8]) -> u32 {
 /// `header` is skipped, so the value is the one [`crc_of`] gives for the concatenation; a data
 /// packet without a data digest leaves its payload out, and `payload` is then not called.
 pub fn crc_of_parts(header: &[u8], payload: impl FnOnce(&mut dyn FnMut(&[u8]))) -> u32 {
-    let stop = crc_stops_at(header);
-    let header = &header[..stop.map_or(header.len(), |end| end.min(header.len()))];
+    if let Some(end) = crc_stops_at(header).filter(|&end| end <= SMALL_CRC) {
+        return small_crc(header.get(..end).unwrap_or(header));
+    }
     let head = header.get(..CRC_RANGE.start).unwrap_or(header);
     let tail = header.get(CRC_RANGE.end..).unwrap_or(&[]);
     let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
     digest.update(head);
     digest.update(tail);
-    if stop.is_none() {
-        payload(&mut |bytes| digest.update(bytes));
-    }
+    payload(&mut |bytes| digest.update(bytes));
     // A 32-bit CRC in the low half.
     digest.finalize() as u32
 }
