@@ -2290,3 +2290,49 @@ fn a_data_packet_without_the_agreed_digest_is_dropped() {
     p.b.conn.handle_datagram(now, write, &mut p.b.mem);
     assert!(p.b.mem.bytes(&dst, 0, 64) == &[0x42u8; 64][..]);
 }
+
+/// A retransmission timeout that was spurious (a round trip above the timeout: acknowledgements
+/// late, not lost, as when a busy host deschedules the peer) resends the oldest packet, not the
+/// flight (F-RTO): the acknowledgements that come back show the originals arrived. Both with
+/// acknowledgements that cover the flight at once and with ones that come in pieces.
+#[test]
+fn a_spurious_timeout_resends_one_packet_not_the_flight() {
+    for ack_every in [16, 4] {
+        let config = Config {
+            max_datagram: 1500,
+            window: 16,
+            ack_every,
+            ..Config::default()
+        };
+        // Round trip 1.2 ms against the first timeout's 1 ms (no round trip sampled yet).
+        let link = LinkConfig {
+            latency: Duration::from_micros(600),
+            ..LinkConfig::default()
+        };
+        let mut p = pair_with(link, config);
+        let len = 64 * 1400;
+        let src = p.a.mem.alloc(len, Access::LOCAL_WRITE);
+        let dst = p.b.mem.alloc(len, RW);
+        p.a.mem.fill(&src, 0, &pattern(len, 21));
+        p.a.post_send(SendWr {
+            wr_id: 1,
+            local: sge(&src, 0, len as u64),
+            op: SendOp::Write {
+                remote: remote(&dst, 0),
+            },
+        })
+        .unwrap();
+        assert!(p.drive(STEPS));
+        assert_eq!(only(p.a.take_completions()).status, WcStatus::Success);
+        assert!(p.b.mem.bytes(&dst, 0, len) == &pattern(len, 21)[..]);
+        let stats = p.a.conn.stats();
+        assert!(
+            stats.timeouts >= 1,
+            "ack_every {ack_every}: no timeout: {stats:?}"
+        );
+        assert!(
+            stats.retransmits <= stats.timeouts,
+            "ack_every {ack_every}: one packet per timeout, not the flight of 16: {stats:?}"
+        );
+    }
+}

@@ -1,6 +1,6 @@
 //! The outgoing stream: PSN assignment, the window, retransmission (on NAK, on a tail loss
-//! probe, on timeout with exponential backoff, skipping what the peer acknowledged
-//! selectively), and packet building.
+//! probe, on timeout with exponential backoff and F-RTO's test for a spurious timeout, skipping
+//! what the peer acknowledged selectively), and packet building.
 //!
 //! A message is kept as one entry however many packets it spans; any packet of it can be
 //! rebuilt from its index, reading the payload from memory again. Nothing is copied aside for
@@ -120,6 +120,19 @@ pub(super) enum TimeoutAction {
     GiveUp,
 }
 
+/// Where the sender is in F-RTO (RFC 5682), after a retransmission timeout: whether the
+/// timeout was spurious (the acknowledgements were late, not lost: a peer descheduled on a busy
+/// host) is told by the next two acknowledgements, before the rest of the flight is resent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Frto {
+    /// The oldest unacknowledged packet goes again (`sent` once it went), alone; `until` is
+    /// the first PSN never sent when the timeout fired.
+    Resent { sent: bool, until: Psn },
+    /// The first acknowledgement since moved on, but not past `until`: up to `budget` more new
+    /// packets go (if there are any), and the next acknowledgement decides.
+    NewSent { budget: u32 },
+}
+
 #[derive(Debug)]
 pub(super) struct TxStream {
     /// Next PSN to assign.
@@ -133,6 +146,12 @@ pub(super) struct TxStream {
     sacked: Vec<(Psn, Psn)>,
     /// Retransmission cursor.
     rtx: Option<Psn>,
+    /// After a retransmission timeout, until the acknowledgements have told whether it was
+    /// spurious (see [`Frto`]). A spurious timeout used to resend the whole flight, up to a
+    /// window (128 datagrams of 64 KiB in a bulk transfer); now it costs one packet. A flight
+    /// that was really lost is resent from the oldest unacknowledged packet, as before, one or
+    /// two acknowledgements later.
+    frto: Option<Frto>,
     peer_window: u32,
     initial_rto: Duration,
     rto_ceiling: Duration,
@@ -168,6 +187,7 @@ impl TxStream {
             messages: VecDeque::new(),
             sacked: Vec::new(),
             rtx: None,
+            frto: None,
             peer_window: 1,
             initial_rto: config.initial_rto,
             rto_ceiling: config.rto_ceiling.max(config.initial_rto),
@@ -320,6 +340,16 @@ impl TxStream {
             }
             self.resume(timers);
         }
+        match self.frto {
+            Some(Frto::Resent { sent: false, .. }) => return Some(self.snd_una),
+            Some(Frto::Resent { sent: true, .. }) | Some(Frto::NewSent { budget: 0 }) => {
+                return None;
+            }
+            // Only new packets: the next acknowledgement tells whether the rest of the flight
+            // arrived.
+            Some(Frto::NewSent { .. }) => return self.next_new(),
+            None => {}
+        }
         if let Some(mut cursor) = self.rtx {
             if cursor.before(self.snd_una) {
                 cursor = self.snd_una;
@@ -333,6 +363,11 @@ impl TxStream {
             }
             self.rtx = None;
         }
+        self.next_new()
+    }
+
+    /// The next packet never sent, if the window and the receive credit let it go.
+    fn next_new(&self) -> Option<Psn> {
         let in_flight = self.next_send.distance_from(self.snd_una);
         if !self.next_send.before(self.next_psn) || in_flight >= self.peer_window {
             return None;
@@ -372,6 +407,11 @@ impl TxStream {
 
     /// Records that `psn` went out; returns whether it was a retransmission.
     pub fn on_sent(&mut self, psn: Psn, now: Time, timers: &mut TimerTable) -> bool {
+        match &mut self.frto {
+            Some(Frto::Resent { sent, .. }) => *sent = true,
+            Some(Frto::NewSent { budget }) => *budget = budget.saturating_sub(1),
+            None => {}
+        }
         let retransmit = psn.before(self.next_send);
         if retransmit {
             self.rtx = Some(psn.plus(1));
@@ -584,6 +624,39 @@ impl TxStream {
         (end, None)
     }
 
+    /// F-RTO: what an acknowledgement that moved `snd_una` on to `ack` says about the last
+    /// retransmission timeout. One that moves nothing says nothing here (unlike in RFC 5682,
+    /// where it ends F-RTO): tbrdma acknowledges duplicates, receive credit and every 16th
+    /// packet, so a stale acknowledgement often lands just after a timeout (in the simulator,
+    /// the answer to the previous flight's resent packet, every time). A flight that was
+    /// really lost is resent on the peer's NAK, or on the next timeout.
+    fn frto_answer(&mut self, ack: Psn) {
+        match self.frto {
+            Some(Frto::Resent { sent, until }) => {
+                if !sent || !ack.before(until) {
+                    // Everything outstanding at the timeout arrived, or the originals did
+                    // before the resend even went: the timeout was spurious.
+                    self.frto = None;
+                    self.rtx = None;
+                } else {
+                    // Up to two new packets go, if there are any (RFC 5682 resends the flight
+                    // when there are none; here the next acknowledgement decides anyway, and a
+                    // loss at the end of a transfer is found by the tail probe this progress
+                    // re-arms, or by the next timeout).
+                    self.frto = Some(Frto::NewSent { budget: 2 });
+                    self.rtx = None;
+                }
+            }
+            Some(Frto::NewSent { .. }) => {
+                // Two acknowledgements in a row moved on past the one packet resent: the
+                // originals are arriving, and the timeout was spurious.
+                self.frto = None;
+                self.rtx = None;
+            }
+            None => {}
+        }
+    }
+
     /// Processes a cumulative acknowledgement. Returns whether it acknowledged anything new and
     /// whether a FATAL_NAK of ours was among it.
     pub fn on_cumulative_ack(
@@ -592,7 +665,10 @@ impl TxStream {
         now: Time,
         timers: &mut TimerTable,
     ) -> (bool, bool) {
-        if !self.snd_una.before(ack) || self.next_send.before(ack) {
+        if self.next_send.before(ack) {
+            return (false, false);
+        }
+        if !self.snd_una.before(ack) {
             return (false, false);
         }
         self.snd_una = ack;
@@ -606,6 +682,9 @@ impl TxStream {
                 self.credit.acked(n);
             }
             self.messages.pop_front();
+        }
+        if self.frto.is_some() {
+            self.frto_answer(ack);
         }
         self.sacked.retain_mut(|(start, end)| {
             if start.before(ack) {
@@ -702,6 +781,8 @@ impl TxStream {
         }
         self.forget_sacks();
         self.flight_answered(timers);
+        // The peer is there and says what it misses: NAK recovery, not the timeout's.
+        self.frto = None;
         if self.rtx.is_none_or(|c| psn.before(c)) {
             self.rtx = Some(psn);
         }
@@ -725,6 +806,7 @@ impl TxStream {
         }
         self.forget_sacks();
         self.flight_answered(timers);
+        self.frto = None;
         self.rtx = Some(psn);
         let resume = now + delay;
         timers.set(Timer::RnrResume, resume);
@@ -780,6 +862,14 @@ impl TxStream {
         timers.set(Timer::Retransmit, now + self.rto);
         if self.has_unacked() {
             self.rtx = Some(self.snd_una);
+            // A second timeout before the answer: the flight is lost, resend all of it.
+            self.frto = match self.frto {
+                None if self.snd_una.before(self.next_send) => Some(Frto::Resent {
+                    sent: false,
+                    until: self.next_send,
+                }),
+                _ => None,
+            };
             TimeoutAction::Retransmit
         } else {
             TimeoutAction::Probe
@@ -856,13 +946,30 @@ mod tests {
 
     #[test]
     fn selective_acknowledgements_are_forgotten_on_a_timeout_or_a_nak() {
+        // A timeout resends the oldest alone (F-RTO); a second one, with no answer moving on
+        // between them, says the flight was lost, and everything unacknowledged goes again.
         let timeout = resent_after(|tx, timers, now| {
             assert_eq!(tx.on_timeout(now, timers), TimeoutAction::Retransmit);
+            assert_eq!(tx.next_to_send(now, timers), Some(Psn(0)));
+            tx.on_sent(Psn(0), now, timers);
+            assert_eq!(
+                tx.next_to_send(now, timers),
+                None,
+                "one packet until an answer"
+            );
+            tx.on_cumulative_ack(Psn(0), now, timers);
+            assert_eq!(
+                tx.next_to_send(now, timers),
+                None,
+                "a duplicate says nothing"
+            );
+            let later = Time(now.0 + 10_000_000_000);
+            assert_eq!(tx.on_timeout(later, timers), TimeoutAction::Retransmit);
         });
         assert_eq!(
             timeout,
             [0, 1, 2, 3],
-            "after a timeout everything unacknowledged"
+            "after a second timeout, everything unacknowledged"
         );
         let nak = resent_after(|tx, timers, _| tx.on_sequence_nak(Psn(0), timers));
         assert_eq!(nak, [0, 1, 2, 3], "after a sequence NAK");
@@ -870,5 +977,90 @@ mod tests {
             assert!(tx.on_rnr_nak(Psn(0), Duration::ZERO, now, timers));
         });
         assert_eq!(rnr, [0, 1, 2, 3], "after an RNR NAK");
+    }
+
+    /// A message of `packets` packets, the first `sent` of them sent (the window), then a
+    /// retransmission timeout and the resend of the oldest.
+    fn timed_out_flight(packets: u32, sent: u32, timers: &mut TimerTable) -> (TxStream, Time) {
+        let config = Config::default();
+        let mp = config.max_payload();
+        let mut tx = TxStream::new(Psn(0), &config);
+        tx.set_peer_window(sent);
+        tx.push_response(
+            OutKind::Write {
+                source: None,
+                len: u64::from(packets) * u64::from(mp),
+                remote: Remote { rkey: 1, addr: 0 },
+                imm: None,
+            },
+            mp,
+        );
+        let now = Time(1_000);
+        while let Some(psn) = tx.next_to_send(now, timers) {
+            tx.on_sent(psn, now, timers);
+        }
+        let later = Time(now.0 + 10_000_000_000);
+        assert_eq!(tx.on_timeout(later, timers), TimeoutAction::Retransmit);
+        assert_eq!(tx.next_to_send(later, timers), Some(Psn(0)));
+        tx.on_sent(Psn(0), later, timers);
+        (tx, later)
+    }
+
+    /// Everything sent, then acknowledged late: the timeout was spurious and nothing but the
+    /// one packet went again.
+    #[test]
+    fn an_acknowledgement_of_the_whole_flight_ends_a_spurious_timeout() {
+        let mut timers = TimerTable::default();
+        let (mut tx, now) = timed_out_flight(8, 8, &mut timers);
+        tx.on_cumulative_ack(Psn(8), now, &mut timers);
+        assert_eq!(tx.next_to_send(now, &mut timers), None);
+    }
+
+    /// Acknowledgements arriving in pieces: the first moves on, so two new packets go (not the
+    /// flight); the second moves on too, so the timeout was spurious and sending goes on as
+    /// before it. Had nothing moved on before the next timeout, the flight would have gone
+    /// again.
+    #[test]
+    fn two_acknowledgements_that_move_on_show_a_timeout_was_spurious() {
+        for second_moves_on in [true, false] {
+            let mut timers = TimerTable::default();
+            let (mut tx, now) = timed_out_flight(32, 8, &mut timers);
+            let drain = |tx: &mut TxStream, timers: &mut TimerTable, now| {
+                let mut sent = Vec::new();
+                while let Some(psn) = tx.next_to_send(now, timers) {
+                    tx.on_sent(psn, now, timers);
+                    sent.push(psn.0);
+                }
+                sent
+            };
+            tx.on_cumulative_ack(Psn(4), now, &mut timers);
+            assert_eq!(
+                drain(&mut tx, &mut timers, now),
+                [8, 9],
+                "two new, no resend"
+            );
+            if second_moves_on {
+                tx.on_cumulative_ack(Psn(6), now, &mut timers);
+                assert_eq!(
+                    drain(&mut tx, &mut timers, now),
+                    [10, 11, 12, 13],
+                    "new packets, as the window allows"
+                );
+            } else {
+                tx.on_cumulative_ack(Psn(4), now, &mut timers);
+                assert_eq!(
+                    drain(&mut tx, &mut timers, now),
+                    [],
+                    "a duplicate says nothing"
+                );
+                let later = Time(now.0 + 10_000_000_000);
+                assert_eq!(tx.on_timeout(later, &mut timers), TimeoutAction::Retransmit);
+                assert_eq!(
+                    drain(&mut tx, &mut timers, later),
+                    [4, 5, 6, 7, 8, 9, 10, 11],
+                    "the unacknowledged flight again, then new packets as the window allows"
+                );
+            }
+        }
     }
 }
