@@ -31,6 +31,51 @@ fn pair() -> Pair {
     pair_with(LinkConfig::default(), Config::default())
 }
 
+/// Posts a one-packet WRITE of `len` bytes of `byte` from `a` to a new region of `b` and
+/// returns its datagram, as `a` sends it now (nothing is delivered), and the target region.
+fn one_write_datagram(p: &mut Pair, len: usize, byte: u8) -> (Vec<u8>, Region) {
+    let src = p.a.mem.alloc(len, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(len, RW);
+    p.a.mem.fill(&src, 0, &vec![byte; len]);
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, len as u64),
+        op: SendOp::Write {
+            remote: remote(&dst, 0),
+        },
+    })
+    .unwrap();
+    let now = p.now;
+    let mut writes: Vec<_> = transmit_all(&mut p.a, now)
+        .into_iter()
+        .filter(|d| crate::wire::decode(d).is_ok_and(|p| p.header.opcode.carries_data()))
+        .collect();
+    assert_eq!(writes.len(), 1, "one data packet");
+    (writes.remove(0), dst)
+}
+
+/// WRITEs `len` bytes of `pattern(len, seed)` from `a` to a new region of `b`, drives the pair
+/// until it is done and checks that the WRITE succeeded and the bytes arrived whole.
+fn write_whole(p: &mut Pair, len: usize, seed: u8) {
+    let src = p.a.mem.alloc(len, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(len, RW);
+    p.a.mem.fill(&src, 0, &pattern(len, seed));
+    p.a.post_send(SendWr {
+        wr_id: 1,
+        local: sge(&src, 0, len as u64),
+        op: SendOp::Write {
+            remote: remote(&dst, 0),
+        },
+    })
+    .unwrap();
+    assert!(p.drive(STEPS));
+    assert_eq!(only(p.a.take_completions()).status, WcStatus::Success);
+    assert!(
+        p.b.mem.bytes(&dst, 0, len) == &pattern(len, seed)[..],
+        "memory differs"
+    );
+}
+
 fn sge(region: &Region, offset: u64, len: u64) -> Sge {
     Sge {
         addr: region.addr + offset,
@@ -826,23 +871,7 @@ fn corrupted_and_foreign_datagrams_are_dropped() {
         ..Config::default()
     };
     let mut p = pair_with(link, config);
-    let src = p.a.mem.alloc(1 << 20, Access::LOCAL_WRITE);
-    let dst = p.b.mem.alloc(1 << 20, RW);
-    p.a.mem.fill(&src, 0, &pattern(1 << 20, 8));
-    p.a.post_send(SendWr {
-        wr_id: 1,
-        local: sge(&src, 0, 1 << 20),
-        op: SendOp::Write {
-            remote: remote(&dst, 0),
-        },
-    })
-    .unwrap();
-    assert!(p.drive(STEPS));
-    assert_eq!(only(p.a.take_completions()).status, WcStatus::Success);
-    assert!(
-        p.b.mem.bytes(&dst, 0, 1 << 20) == &pattern(1 << 20, 8)[..],
-        "memory differs"
-    );
+    write_whole(&mut p, 1 << 20, 8);
     assert!(p.b.conn.stats().corrupted > 0);
 }
 
@@ -2182,26 +2211,11 @@ fn either_side_asking_for_data_digests_turns_them_on_both_ways() {
         assert_eq!(p.a.conn.uses_data_digest(), expected, "{a:?} / {b:?}");
         assert_eq!(p.b.conn.uses_data_digest(), expected, "{a:?} / {b:?}");
         // The flag on the data packets says so, and the CRC covers the payload exactly then.
-        let src = p.a.mem.alloc(100, Access::LOCAL_WRITE);
-        let dst = p.b.mem.alloc(100, RW);
-        p.a.post_send(SendWr {
-            wr_id: 1,
-            local: sge(&src, 0, 100),
-            op: SendOp::Write {
-                remote: remote(&dst, 0),
-            },
-        })
-        .unwrap();
-        let now = p.now;
-        let writes: Vec<_> = transmit_all(&mut p.a, now)
-            .into_iter()
-            .filter(|d| crate::wire::decode(d).is_ok_and(|p| p.header.opcode.carries_data()))
-            .collect();
-        assert_eq!(writes.len(), 1);
-        let packet = crate::wire::decode(&writes[0]).unwrap();
+        let (write, _) = one_write_datagram(&mut p, 100, 7);
+        let packet = crate::wire::decode(&write).unwrap();
         assert_eq!(packet.header.data_digest(), expected);
         assert_eq!(
-            crate::wire::crc_stops_at(&writes[0]).is_none(),
+            crate::wire::crc_stops_at(&write).is_none(),
             expected,
             "the CRC covers the payload"
         );
@@ -2228,24 +2242,7 @@ fn the_receiver_asking_for_digests_is_enough_over_a_corrupting_link() {
             ..LinkConfig::default()
         },
     });
-    let len = 1 << 20;
-    let src = p.a.mem.alloc(len, Access::LOCAL_WRITE);
-    let dst = p.b.mem.alloc(len, RW);
-    p.a.mem.fill(&src, 0, &pattern(len, 12));
-    p.a.post_send(SendWr {
-        wr_id: 1,
-        local: sge(&src, 0, len as u64),
-        op: SendOp::Write {
-            remote: remote(&dst, 0),
-        },
-    })
-    .unwrap();
-    assert!(p.drive(STEPS));
-    assert_eq!(only(p.a.take_completions()).status, WcStatus::Success);
-    assert!(
-        p.b.mem.bytes(&dst, 0, len) == &pattern(len, 12)[..],
-        "memory differs"
-    );
+    write_whole(&mut p, 1 << 20, 12);
     assert!(p.b.conn.stats().corrupted > 0);
 }
 
@@ -2259,24 +2256,9 @@ fn a_data_packet_without_the_agreed_digest_is_dropped() {
         ..Config::default()
     };
     let mut p = pair_with(LinkConfig::default(), config);
-    let src = p.a.mem.alloc(64, Access::LOCAL_WRITE);
-    let dst = p.b.mem.alloc(64, RW);
-    p.a.mem.fill(&src, 0, &[0x42; 64]);
-    p.a.post_send(SendWr {
-        wr_id: 1,
-        local: sge(&src, 0, 64),
-        op: SendOp::Write {
-            remote: remote(&dst, 0),
-        },
-    })
-    .unwrap();
+    let (write, dst) = one_write_datagram(&mut p, 64, 0x42);
     let now = p.now;
-    let datagrams = transmit_all(&mut p.a, now);
-    let write = datagrams
-        .iter()
-        .find(|d| decode(d).is_ok_and(|p| p.header.opcode.carries_data()))
-        .expect("a WRITE");
-    let genuine = decode(write).unwrap();
+    let genuine = decode(&write).unwrap();
     let mut undigested = genuine;
     undigested.header.flags &= !FLAG_DATA_DIGEST;
     let forged = forge(&undigested, genuine.ext, genuine.payload);
@@ -2287,7 +2269,7 @@ fn a_data_packet_without_the_agreed_digest_is_dropped() {
         p.b.mem.bytes(&dst, 0, 64) == &[0u8; 64][..],
         "the payload was placed"
     );
-    p.b.conn.handle_datagram(now, write, &mut p.b.mem);
+    p.b.conn.handle_datagram(now, &write, &mut p.b.mem);
     assert!(p.b.mem.bytes(&dst, 0, 64) == &[0x42u8; 64][..]);
 }
 
@@ -2310,21 +2292,7 @@ fn a_spurious_timeout_resends_one_packet_not_the_flight() {
             ..LinkConfig::default()
         };
         let mut p = pair_with(link, config);
-        let len = 64 * 1400;
-        let src = p.a.mem.alloc(len, Access::LOCAL_WRITE);
-        let dst = p.b.mem.alloc(len, RW);
-        p.a.mem.fill(&src, 0, &pattern(len, 21));
-        p.a.post_send(SendWr {
-            wr_id: 1,
-            local: sge(&src, 0, len as u64),
-            op: SendOp::Write {
-                remote: remote(&dst, 0),
-            },
-        })
-        .unwrap();
-        assert!(p.drive(STEPS));
-        assert_eq!(only(p.a.take_completions()).status, WcStatus::Success);
-        assert!(p.b.mem.bytes(&dst, 0, len) == &pattern(len, 21)[..]);
+        write_whole(&mut p, 64 * 1400, 21);
         let stats = p.a.conn.stats();
         assert!(
             stats.timeouts >= 1,
