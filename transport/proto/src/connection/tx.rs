@@ -491,6 +491,9 @@ impl TxStream {
         }
         self.tail_probed = true;
         self.rtx = Some(last);
+        // A probe during F-RTO (an acknowledgement moved on, and nothing since) is a
+        // retransmission decision of its own: the flight's end may be what was lost.
+        self.frto = None;
         true
     }
 
@@ -1062,5 +1065,25 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// During F-RTO with nothing new to send, an acknowledgement that moved on and then
+    /// silence: the tail probe still goes (the flight's end may be what was lost).
+    #[test]
+    fn a_tail_probe_still_goes_during_f_rto() {
+        let mut timers = TimerTable::default();
+        let (mut tx, now) = timed_out_flight(8, 8, &mut timers);
+        tx.sample_rtt(Duration::from_micros(50));
+        tx.on_cumulative_ack(Psn(2), now, &mut timers);
+        assert_eq!(
+            tx.next_to_send(now, &mut timers),
+            None,
+            "nothing new to send"
+        );
+        let probe_at = timers
+            .get(Timer::TailProbe)
+            .expect("progress arms the probe");
+        assert!(tx.on_tail_probe(probe_at, &mut timers));
+        assert_eq!(tx.next_to_send(probe_at, &mut timers), Some(Psn(7)));
     }
 }
