@@ -102,8 +102,9 @@ pub const DATA_DIGEST_ENV: &str = "TBRDMA_DATA_DIGEST";
 
 impl EngineConfig {
     /// Whether this engine's connections ask for data digests: [`Self::data_digest`], or the
-    /// environment when that is `None`, or a fault plan (`faults`, resolved) that corrupts.
-    pub(crate) fn asks_data_digest(&self, faults: Option<&FaultPlan>) -> Result<bool, String> {
+    /// environment when that is `None`, or a fault plan in [`Self::faults`] (resolved from
+    /// the environment first, see `Engine::start`) that corrupts.
+    pub(crate) fn asks_data_digest(&self) -> Result<bool, String> {
         let asked = match self.data_digest {
             Some(on) => on,
             None => match std::env::var(DATA_DIGEST_ENV) {
@@ -112,7 +113,7 @@ impl EngineConfig {
                 Err(_) => false,
             },
         };
-        Ok(asked || faults.is_some_and(|plan| plan.corrupt > 0.0))
+        Ok(asked || self.faults.as_ref().is_some_and(|plan| plan.corrupt > 0.0))
     }
 }
 

@@ -108,9 +108,7 @@ impl Engine {
         if config.faults.is_none() {
             config.faults = FaultPlan::from_env().map_err(invalid)?;
         }
-        let data_digest = config
-            .asks_data_digest(config.faults.as_ref())
-            .map_err(invalid)?;
+        let data_digest = config.asks_data_digest().map_err(invalid)?;
         let state = State::new(
             binds.len(),
             config.max_datagram,

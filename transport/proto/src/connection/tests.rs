@@ -31,20 +31,26 @@ fn pair() -> Pair {
     pair_with(LinkConfig::default(), Config::default())
 }
 
-/// Posts a one-packet WRITE of `len` bytes of `byte` from `a` to a new region of `b` and
-/// returns its datagram, as `a` sends it now (nothing is delivered), and the target region.
-fn one_write_datagram(p: &mut Pair, len: usize, byte: u8) -> (Vec<u8>, Region) {
-    let src = p.a.mem.alloc(len, Access::LOCAL_WRITE);
-    let dst = p.b.mem.alloc(len, RW);
-    p.a.mem.fill(&src, 0, &vec![byte; len]);
+/// Posts a WRITE of `bytes` from a new region of `a` to a new region of `b`, which it returns.
+fn post_write(p: &mut Pair, bytes: &[u8]) -> Region {
+    let src = p.a.mem.alloc(bytes.len(), Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(bytes.len(), RW);
+    p.a.mem.fill(&src, 0, bytes);
     p.a.post_send(SendWr {
         wr_id: 1,
-        local: sge(&src, 0, len as u64),
+        local: sge(&src, 0, bytes.len() as u64),
         op: SendOp::Write {
             remote: remote(&dst, 0),
         },
     })
     .unwrap();
+    dst
+}
+
+/// Posts a one-packet WRITE of `len` bytes of `byte` from `a` to a new region of `b` and
+/// returns its datagram, as `a` sends it now (nothing is delivered), and the target region.
+fn one_write_datagram(p: &mut Pair, len: usize, byte: u8) -> (Vec<u8>, Region) {
+    let dst = post_write(p, &vec![byte; len]);
     let now = p.now;
     let mut writes: Vec<_> = transmit_all(&mut p.a, now)
         .into_iter()
@@ -57,17 +63,7 @@ fn one_write_datagram(p: &mut Pair, len: usize, byte: u8) -> (Vec<u8>, Region) {
 /// WRITEs `len` bytes of `pattern(len, seed)` from `a` to a new region of `b`, drives the pair
 /// until it is done and checks that the WRITE succeeded and the bytes arrived whole.
 fn write_whole(p: &mut Pair, len: usize, seed: u8) {
-    let src = p.a.mem.alloc(len, Access::LOCAL_WRITE);
-    let dst = p.b.mem.alloc(len, RW);
-    p.a.mem.fill(&src, 0, &pattern(len, seed));
-    p.a.post_send(SendWr {
-        wr_id: 1,
-        local: sge(&src, 0, len as u64),
-        op: SendOp::Write {
-            remote: remote(&dst, 0),
-        },
-    })
-    .unwrap();
+    let dst = post_write(p, &pattern(len, seed));
     assert!(p.drive(STEPS));
     assert_eq!(only(p.a.take_completions()).status, WcStatus::Success);
     assert!(

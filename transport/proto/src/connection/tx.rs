@@ -341,14 +341,14 @@ impl TxStream {
             self.resume(timers);
         }
         match self.frto {
-            Some(Frto::Resent { sent: false, .. }) => return Some(self.snd_una),
+            // (Before it went, the oldest is where the timeout put the cursor.)
+            Some(Frto::Resent { sent: false, .. }) | None => {}
             Some(Frto::Resent { sent: true, .. }) | Some(Frto::NewSent { budget: 0 }) => {
                 return None;
             }
             // Only new packets: the next acknowledgement tells whether the rest of the flight
             // arrived.
             Some(Frto::NewSent { .. }) => return self.next_new(),
-            None => {}
         }
         if let Some(mut cursor) = self.rtx {
             if cursor.before(self.snd_una) {
