@@ -171,6 +171,9 @@ pub(crate) struct State {
     /// Something may have changed since the last transmit pass (a post, a new connection, a
     /// released hold): the next loop must run one even if nothing arrived.
     dirty: bool,
+    /// Some slot is detached (its queue pair was dropped): the next transmit pass looks for
+    /// slots to remove.
+    any_detached: bool,
     /// Whom each rail's socket should be connected to (each backend knows whom it is, see
     /// `apply_bindings`).
     bindings: Vec<Binding>,
@@ -232,6 +235,7 @@ impl State {
             acks_held: false,
             completions_routed: 0,
             dirty: false,
+            any_detached: false,
             bindings: vec![Binding::Open; rails],
             gather_from,
             data_digest,
@@ -364,6 +368,7 @@ impl State {
             slot.conn.close(now);
             // The engine removes the slot once the CLOSE has gone out.
             slot.detached = true;
+            self.any_detached = true;
         }
     }
 
@@ -714,6 +719,7 @@ impl State {
             landing,
             landing_pd,
             stats,
+            any_detached,
             ..
         } = self;
         let gather_from = *gather_from;
@@ -751,26 +757,28 @@ impl State {
         // Dropped queue pairs whose CLOSE is now in the batch leave the table, and their
         // requests that never completed stop counting as users of their regions (else the
         // regions stay pinned for good: `deregister` would only ever revoke them).
-        conns.retain(|_, slot| {
-            if !slot.detached {
-                return true;
-            }
-            while !slot.sq_regions.is_empty() {
-                unused.extend(release_completed(
-                    region_users,
-                    slot.pd,
-                    &mut slot.sq_regions,
-                ));
-            }
-            while !slot.rq_regions.is_empty() {
-                unused.extend(release_completed(
-                    region_users,
-                    slot.pd,
-                    &mut slot.rq_regions,
-                ));
-            }
-            false
-        });
+        if std::mem::take(any_detached) {
+            conns.retain(|_, slot| {
+                if !slot.detached {
+                    return true;
+                }
+                while !slot.sq_regions.is_empty() {
+                    unused.extend(release_completed(
+                        region_users,
+                        slot.pd,
+                        &mut slot.sq_regions,
+                    ));
+                }
+                while !slot.rq_regions.is_empty() {
+                    unused.extend(release_completed(
+                        region_users,
+                        slot.pd,
+                        &mut slot.rq_regions,
+                    ));
+                }
+                false
+            });
+        }
         // A revoked region no request names any more is forgotten (and so unpinned) now.
         for key in unused {
             if revoked.remove(&key) {

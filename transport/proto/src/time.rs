@@ -18,17 +18,27 @@ impl Time {
         self.0
     }
 
+    /// `nanos` nanoseconds later (saturating): the cheap form of `self + Duration` for code
+    /// that keeps its intervals in nanoseconds.
+    pub fn after_nanos(self, nanos: u64) -> Time {
+        Time(self.0.saturating_add(nanos))
+    }
+
     /// Time elapsed from `earlier` to `self`, zero if `earlier` is later.
     pub fn saturating_since(self, earlier: Time) -> Duration {
         Duration::from_nanos(self.0.saturating_sub(earlier.0))
     }
 }
 
+/// `d` in nanoseconds, saturating at `u64::MAX` (584 years).
+pub fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 impl Add<Duration> for Time {
     type Output = Time;
     fn add(self, rhs: Duration) -> Time {
-        let nanos = u64::try_from(rhs.as_nanos()).unwrap_or(u64::MAX);
-        Time(self.0.saturating_add(nanos))
+        self.after_nanos(nanos(rhs))
     }
 }
 

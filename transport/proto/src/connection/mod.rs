@@ -399,7 +399,9 @@ impl Connection {
                 "an atomic's local buffer must be exactly 8 bytes",
             ));
         }
-        if wr.local.len.div_ceil(u64::from(self.max_payload)) > crate::config::MAX_MESSAGE_PACKETS {
+        if u64::from(tx::packets_for(wr.local.len, self.max_payload))
+            > crate::config::MAX_MESSAGE_PACKETS
+        {
             return Err(PostError::Invalid(
                 "the message needs more than 2^30 packets at the negotiated payload size",
             ));
@@ -532,7 +534,10 @@ impl Connection {
         path: usize,
         mem: &mut M,
     ) {
-        let packet = match wire::decode(datagram) {
+        // The packet is used where it was decoded, by reference: it is some 200 bytes (an ACK
+        // carries its SACK blocks inline), and each move was a `memcpy`.
+        let decoded = wire::decode(datagram);
+        let packet = match &decoded {
             Ok(packet) => packet,
             Err(wire::DecodeError::BadCrc) => {
                 self.stats.corrupted += 1;

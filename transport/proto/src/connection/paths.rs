@@ -65,6 +65,9 @@ impl SentOn {
         };
         if let Some(slot) = self.paths.get_mut(index) {
             *slot = path;
+        } else if index == self.paths.len() {
+            // The usual case: the next PSN, sent for the first time.
+            self.paths.push_back(path);
         } else {
             // PSNs go out in order the first time, so this is the next one; should a gap
             // ever appear, its packets are counted as sent on this path too.

@@ -25,7 +25,7 @@ use crate::work::WcStatus;
 /// on: the decoded packet, the bytes it was decoded from (an early packet is stashed as such)
 /// and the path it came in on.
 pub(super) struct Arrival<'a> {
-    pub packet: Packet<'a>,
+    pub packet: &'a Packet<'a>,
     pub datagram: &'a [u8],
     pub path: usize,
 }
@@ -284,6 +284,12 @@ impl RxStream {
     /// CRC when the connection builds message CRCs), and moves `expected` past every packet
     /// now received in a row, folding their CRCs into the message's in order.
     fn mark_received(&mut self, ahead: usize, packet_crc: Option<u32>, max_payload: u32) {
+        if ahead == 0 && self.received.is_empty() {
+            // In order with nothing out of order behind it (`crcs` is never longer than
+            // `received`): the common case, without touching the queues.
+            self.deliver_in_order(packet_crc, max_payload);
+            return;
+        }
         if self.received.len() <= ahead {
             self.received.resize(ahead + 1, false);
         }
@@ -297,21 +303,27 @@ impl RxStream {
         while self.received.front() == Some(&true) {
             self.received.pop_front();
             let packet_crc = self.crcs.pop_front();
-            if let (Some(crc), Some(message)) = (packet_crc, self.current.as_ref()) {
-                // This packet's length: every packet but a message's last is full.
-                let index = self.expected.distance_from(message.first_psn);
-                let start = u64::from(index) * u64::from(max_payload);
-                let len = message
-                    .msg_len
-                    .saturating_sub(start)
-                    .min(u64::from(max_payload));
-                let shifter = self.shifter(max_payload);
-                if let Some(acc) = self.current.as_mut().and_then(|m| m.crc.as_mut()) {
-                    *acc = shifter.shift(*acc, len) ^ crc;
-                }
-            }
-            self.expected = self.expected.plus(1);
+            self.deliver_in_order(packet_crc, max_payload);
         }
+    }
+
+    /// The packet at `expected` is in: folds its CRC (if it has one) into its message's, and
+    /// moves `expected` on.
+    fn deliver_in_order(&mut self, packet_crc: Option<u32>, max_payload: u32) {
+        if let (Some(crc), Some(message)) = (packet_crc, self.current.as_ref()) {
+            // This packet's length: every packet but a message's last is full.
+            let index = self.expected.distance_from(message.first_psn);
+            let start = u64::from(index) * u64::from(max_payload);
+            let len = message
+                .msg_len
+                .saturating_sub(start)
+                .min(u64::from(max_payload));
+            let shifter = self.shifter(max_payload);
+            if let Some(acc) = self.current.as_mut().and_then(|m| m.crc.as_mut()) {
+                *acc = shifter.shift(*acc, len) ^ crc;
+            }
+        }
+        self.expected = self.expected.plus(1);
     }
 
     /// The responder has no receive for the message starting at `psn`: ask the sender to retry

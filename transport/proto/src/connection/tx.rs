@@ -25,7 +25,7 @@ use super::timer::{Timer, TimerTable};
 use crate::config::Config;
 use crate::memory::{Memory, Placement};
 use crate::seq::Psn;
-use crate::time::Time;
+use crate::time::{Time, nanos};
 use crate::wire::{self, ErrorCode, Ext, Header, Remote, Segment};
 use crate::work::SendOp;
 
@@ -107,6 +107,11 @@ impl OutMessage {
 
 /// Packets needed for `len` bytes (an empty message still takes one).
 pub(super) fn packets_for(len: u64, max_payload: u32) -> u32 {
+    if len <= u64::from(max_payload) {
+        // Most messages fit one datagram: a 64-bit division is some 40 cycles, several times
+        // per message.
+        return 1;
+    }
     let n = len.div_ceil(u64::from(max_payload)).max(1);
     u32::try_from(n).unwrap_or(u32::MAX)
 }
@@ -153,21 +158,24 @@ pub(super) struct TxStream {
     /// two acknowledgements later.
     frto: Option<Frto>,
     peer_window: u32,
-    initial_rto: Duration,
-    rto_ceiling: Duration,
-    max_rto: Duration,
-    rto: Duration,
+    // The round-trip estimator and the timeouts are kept in nanoseconds: they are updated on
+    // every acknowledgement and read on every packet sent, and `Duration`'s normalising,
+    // overflow-checked arithmetic cost about 130 instructions per round trip more.
+    initial_rto: u64,
+    rto_ceiling: u64,
+    max_rto: u64,
+    rto: u64,
     /// Smoothed round trip and its deviation (RFC 6298), once sampled.
-    srtt: Option<Duration>,
-    rttvar: Duration,
+    srtt: Option<u64>,
+    rttvar: u64,
     /// The packet being timed: its PSN and first transmission (Karn: never a resent one).
     rtt_probe: Option<(Psn, Time)>,
     /// See [`Config::tail_probe_floor`].
-    tail_probe_floor: Duration,
+    tail_probe_floor: u64,
     /// How long the peer may hold an acknowledgement for a reply to carry it
     /// ([`Config::ack_hold`]; both sides run the same engine settings), which a probe must
     /// wait out before it can tell a slow answer from a lost datagram.
-    ack_allowance: Duration,
+    ack_allowance: u64,
     /// Whether this flight (what is unacknowledged since the last progress) was probed: one
     /// probe per flight, after that only the retransmission timeout.
     tail_probed: bool,
@@ -189,15 +197,15 @@ impl TxStream {
             rtx: None,
             frto: None,
             peer_window: 1,
-            initial_rto: config.initial_rto,
-            rto_ceiling: config.rto_ceiling.max(config.initial_rto),
-            max_rto: config.max_rto,
-            rto: config.initial_rto,
+            initial_rto: nanos(config.initial_rto),
+            rto_ceiling: nanos(config.rto_ceiling.max(config.initial_rto)),
+            max_rto: nanos(config.max_rto),
+            rto: nanos(config.initial_rto),
             srtt: None,
-            rttvar: Duration::ZERO,
+            rttvar: 0,
             rtt_probe: None,
-            tail_probe_floor: config.tail_probe_floor,
-            ack_allowance: config.ack_hold,
+            tail_probe_floor: nanos(config.tail_probe_floor),
+            ack_allowance: nanos(config.ack_hold),
             tail_probed: false,
             retries: 0,
             max_retries: config.max_retries,
@@ -234,9 +242,19 @@ impl TxStream {
         self.snd_una
     }
 
+    /// The index in `messages` of the message `psn` belongs to (`messages.len()` if none).
+    fn message_index(&self, psn: Psn) -> usize {
+        match self.messages.front() {
+            // The oldest message, as in a ping-pong, where it is the only one: a VecDeque's
+            // binary search costs some 30 instructions more, on every packet.
+            Some(m) if !m.last_psn().before(psn) => 0,
+            _ => self.messages.partition_point(|m| m.last_psn().before(psn)),
+        }
+    }
+
     /// Whether the packet at `psn` belongs to a multi-packet message (and may be striped).
     pub fn is_striped(&self, psn: Psn) -> bool {
-        let index = self.messages.partition_point(|m| m.last_psn().before(psn));
+        let index = self.message_index(psn);
         self.messages.get(index).is_some_and(|m| m.npackets > 1)
     }
 
@@ -378,7 +396,7 @@ impl TxStream {
     /// Whether the packet at `psn`, never sent, must wait for receive credit: only the first
     /// packet of a receive-consuming message needs it.
     fn waits_for_credit(&self, psn: Psn) -> bool {
-        let index = self.messages.partition_point(|m| m.last_psn().before(psn));
+        let index = self.message_index(psn);
         self.messages
             .get(index)
             .filter(|m| m.first_psn == psn)
@@ -426,7 +444,7 @@ impl TxStream {
             }
         }
         if !timers.is_set(Timer::Retransmit) {
-            timers.set(Timer::Retransmit, now + self.rto);
+            timers.set(Timer::Retransmit, now.after_nanos(self.rto));
         }
         if !retransmit {
             // The probe timeout counts from the last packet sent, as RACK-TLP's does.
@@ -439,9 +457,12 @@ impl TxStream {
     /// acknowledgement hold, at least the floor; none before the first round-trip sample
     /// (without one, a probe could come before an answer that is merely on its way, and the
     /// probe's copy would then spoil the very sample it lacks: Karn).
-    fn tail_probe_timeout(&self) -> Option<Duration> {
-        self.srtt
-            .map(|srtt| (srtt * 2 + self.ack_allowance).max(self.tail_probe_floor))
+    fn tail_probe_timeout(&self) -> Option<u64> {
+        self.srtt.map(|srtt| {
+            srtt.saturating_mul(2)
+                .saturating_add(self.ack_allowance)
+                .max(self.tail_probe_floor)
+        })
     }
 
     /// Arms [`Timer::TailProbe`] for this flight, unless it was probed already, nothing is
@@ -449,7 +470,7 @@ impl TxStream {
     fn arm_tail_probe(&self, now: Time, timers: &mut TimerTable) {
         let at = self
             .tail_probe_timeout()
-            .map(|timeout| now + timeout)
+            .map(|timeout| now.after_nanos(timeout))
             .filter(|&at| {
                 !self.tail_probed
                     && self.has_unacked()
@@ -511,7 +532,7 @@ impl TxStream {
         mem: &M,
         gather_from: usize,
     ) -> (usize, Option<PayloadRef>) {
-        let index = self.messages.partition_point(|m| m.last_psn().before(psn));
+        let index = self.message_index(psn);
         let message = &self.messages[index];
         let packet_index = psn.distance_from(message.first_psn);
         let is_last = packet_index + 1 == message.npackets;
@@ -697,7 +718,7 @@ impl TxStream {
         });
         if let Some((probe, sent)) = self.rtt_probe {
             if probe.before(ack) {
-                self.sample_rtt(now.saturating_since(sent));
+                self.sample_rtt(now.as_nanos().saturating_sub(sent.as_nanos()));
                 self.rtt_probe = None;
             }
         }
@@ -706,7 +727,7 @@ impl TxStream {
         self.rto = self.base_rto();
         timers.set_or_stop(
             Timer::Retransmit,
-            self.has_unacked().then(|| now + self.rto),
+            self.has_unacked().then(|| now.after_nanos(self.rto)),
         );
         // Progress starts a new flight, which may be probed again.
         self.tail_probed = false;
@@ -714,8 +735,8 @@ impl TxStream {
         (true, fatal_acked)
     }
 
-    /// RFC 6298's estimator.
-    fn sample_rtt(&mut self, sample: Duration) {
+    /// RFC 6298's estimator, on a round trip of `sample` nanoseconds.
+    fn sample_rtt(&mut self, sample: u64) {
         match self.srtt {
             None => {
                 self.srtt = Some(sample);
@@ -723,8 +744,8 @@ impl TxStream {
             }
             Some(srtt) => {
                 let deviation = srtt.abs_diff(sample);
-                self.rttvar = (self.rttvar * 3 + deviation) / 4;
-                self.srtt = Some((srtt * 7 + sample) / 8);
+                self.rttvar = self.rttvar.saturating_mul(3).saturating_add(deviation) / 4;
+                self.srtt = Some(srtt.saturating_mul(7).saturating_add(sample) / 8);
             }
         }
     }
@@ -736,10 +757,11 @@ impl TxStream {
     /// veth) and varies little, got a timeout barely above that round trip, and a receiver late
     /// by a few hundred microseconds made the sender resend the whole window (measured: 1-5
     /// spurious timeouts per 2-second `linkbench` bandwidth round).
-    fn base_rto(&self) -> Duration {
+    fn base_rto(&self) -> u64 {
         match self.srtt {
             None => self.initial_rto,
-            Some(srtt) => (srtt + (self.rttvar * 4).max(self.initial_rto))
+            Some(srtt) => srtt
+                .saturating_add(self.rttvar.saturating_mul(4).max(self.initial_rto))
                 .clamp(self.initial_rto, self.rto_ceiling),
         }
     }
@@ -813,7 +835,7 @@ impl TxStream {
         self.rtx = Some(psn);
         let resume = now + delay;
         timers.set(Timer::RnrResume, resume);
-        timers.set(Timer::Retransmit, resume + self.rto);
+        timers.set(Timer::Retransmit, resume.after_nanos(self.rto));
         true
     }
 
@@ -830,7 +852,7 @@ impl TxStream {
         if !self.has_unacked() && !awaiting_response() {
             timers.stop(Timer::Retransmit);
         } else if !timers.is_set(Timer::Retransmit) {
-            timers.set(Timer::Retransmit, now + self.rto);
+            timers.set(Timer::Retransmit, now.after_nanos(self.rto));
         }
     }
 
@@ -840,7 +862,7 @@ impl TxStream {
         if !self.has_unacked() {
             self.retries = 0;
             self.rto = self.base_rto();
-            timers.set(Timer::Retransmit, now + self.rto);
+            timers.set(Timer::Retransmit, now.after_nanos(self.rto));
         }
     }
 
@@ -856,13 +878,13 @@ impl TxStream {
         if self.retries > self.max_retries {
             return TimeoutAction::GiveUp;
         }
-        self.rto = (self.rto * 2).min(self.max_rto);
+        self.rto = self.rto.saturating_mul(2).min(self.max_rto);
         self.rtt_probe = None;
         // Until progress, the retransmission timeout alone recovers this flight.
         self.tail_probed = true;
         timers.stop(Timer::TailProbe);
         self.forget_sacks();
-        timers.set(Timer::Retransmit, now + self.rto);
+        timers.set(Timer::Retransmit, now.after_nanos(self.rto));
         if self.has_unacked() {
             self.rtx = Some(self.snd_una);
             // A second timeout before the answer: the flight is lost, resend all of it.
@@ -891,25 +913,32 @@ mod tests {
         // A bulk transfer: the round trip is the receiver's queue, about 0.9 ms, steady.
         let mut tx = TxStream::new(Psn(0), &config);
         for i in 0..50u64 {
-            tx.sample_rtt(Duration::from_micros(900 + i % 3));
+            tx.sample_rtt(nanos(Duration::from_micros(900 + i % 3)));
         }
         assert!(
-            tx.base_rto() >= Duration::from_micros(900) + floor,
+            tx.base_rto() >= nanos(Duration::from_micros(900) + floor),
             "{:?}",
             tx.base_rto()
         );
         // A ping-pong: a 20 µs round trip keeps the floor plus that round trip.
         let mut tx = TxStream::new(Psn(0), &config);
         for _ in 0..50 {
-            tx.sample_rtt(Duration::from_micros(20));
+            tx.sample_rtt(nanos(Duration::from_micros(20)));
         }
-        assert!(tx.base_rto() >= floor && tx.base_rto() <= floor + Duration::from_micros(40));
+        assert!(
+            tx.base_rto() >= nanos(floor)
+                && tx.base_rto() <= nanos(floor + Duration::from_micros(40))
+        );
         // A wildly varying round trip is still capped by the ceiling.
         let mut tx = TxStream::new(Psn(0), &config);
         for i in 0..50u64 {
-            tx.sample_rtt(Duration::from_millis(if i % 2 == 0 { 1 } else { 40 }));
+            tx.sample_rtt(nanos(Duration::from_millis(if i % 2 == 0 {
+                1
+            } else {
+                40
+            })));
         }
-        assert_eq!(tx.base_rto(), config.rto_ceiling);
+        assert_eq!(tx.base_rto(), nanos(config.rto_ceiling));
     }
 
     /// Sends a four-packet message, has packets 2 and 3 SACKed, then `renege` (a timeout, a
@@ -1073,7 +1102,7 @@ mod tests {
     fn a_tail_probe_still_goes_during_f_rto() {
         let mut timers = TimerTable::default();
         let (mut tx, now) = timed_out_flight(8, 8, &mut timers);
-        tx.sample_rtt(Duration::from_micros(50));
+        tx.sample_rtt(nanos(Duration::from_micros(50)));
         tx.on_cumulative_ack(Psn(2), now, &mut timers);
         assert_eq!(
             tx.next_to_send(now, &mut timers),
