@@ -286,16 +286,15 @@ impl State {
     /// Posts send-queue work requests on queue pair `qpn`; see [`Self::post_work`].
     pub(crate) fn post_send(&mut self, qpn: u32, wrs: &[SendWr]) -> Result<(), PostFailed> {
         self.post_work(qpn, wrs, Queue::Send, |conn, arena, wr| {
-            conn.post_send(*wr, arena)?;
-            Ok(wr.local)
+            conn.post_send(*wr, arena)
         })
     }
 
     /// Posts receive buffers on queue pair `qpn`; see [`Self::post_work`].
     pub(crate) fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr]) -> Result<(), PostFailed> {
-        self.post_work(qpn, wrs, Queue::Recv, |conn, _arena, wr| {
+        self.post_work(qpn, wrs, Queue::Recv, |conn, arena, wr| {
             conn.post_recv(*wr)?;
-            Ok(wr.local)
+            Ok(region_of(arena, wr.local))
         })
     }
 
@@ -467,13 +466,14 @@ impl State {
     }
 
     /// Posts every request of `wrs` on queue pair `qpn`'s `queue` with `post`, stopping at the
-    /// first one refused, and records which region each names (see [`Self::record_post`]).
+    /// first one refused, and records the region each names (`post` says which; see
+    /// [`record_post`]).
     fn post_work<W>(
         &mut self,
         qpn: u32,
         wrs: &[W],
         queue: Queue,
-        post: impl Fn(&mut Connection, &Arena, &W) -> Result<Sge, PostError>,
+        post: impl Fn(&mut Connection, &Arena, &W) -> Result<Option<RegionId>, PostError>,
     ) -> Result<(), PostFailed> {
         let State {
             conns,
@@ -484,8 +484,7 @@ impl State {
         let slot = conns.get_mut(&qpn).ok_or(PostFailed::Closed)?;
         let arena = &arenas[slot.pd];
         for wr in wrs {
-            let local = post(&mut slot.conn, arena, wr)?;
-            let region = region_of(arena, local);
+            let region = post(&mut slot.conn, arena, wr)?;
             record_post(region_users, slot, queue, region);
         }
         Ok(())

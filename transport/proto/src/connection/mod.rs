@@ -393,7 +393,14 @@ impl Connection {
     /// [`WcStatus::LocalProtection`] when it reaches the head of the queue, and the connection
     /// fails, as verbs does; on a failed or closed connection requests complete with
     /// [`WcStatus::Flushed`].
-    pub fn post_send<M: Memory + ?Sized>(&mut self, wr: SendWr, mem: &M) -> Result<(), PostError> {
+    ///
+    /// Returns the region the request's local buffer lies in, when it has one and will read or
+    /// write it (its bytes must stay until the request completes).
+    pub fn post_send<M: Memory + ?Sized>(
+        &mut self,
+        wr: SendWr,
+        mem: &M,
+    ) -> Result<Option<RegionId>, PostError> {
         if matches!(wr.op, SendOp::FetchAdd { .. } | SendOp::CmpSwap { .. }) && wr.local.len != 8 {
             return Err(PostError::Invalid(
                 "an atomic's local buffer must be exactly 8 bytes",
@@ -416,7 +423,7 @@ impl Connection {
                 imm: None,
                 payload_crc: None,
             });
-            return Ok(());
+            return Ok(None);
         }
         if self.sq.len() >= self.config.max_send_wr {
             return Err(PostError::QueueFull {
@@ -437,12 +444,13 @@ impl Connection {
                 .check_local(wr.local.lkey, wr.local.addr, wr.local.len, needed)
                 .map(Some)
         };
-        let entry = SqEntry::new(wr, local.ok().flatten(), local.is_err());
-        self.sq.push(entry);
+        let local_error = local.is_err();
+        let local = local.ok().flatten();
+        self.sq.push(SqEntry::new(wr, local, local_error));
         if self.state == ConnectionState::Established {
             self.enqueue_posted();
         }
-        Ok(())
+        Ok(local.map(|placement| placement.region))
     }
 
     /// Posts a receive buffer (`ibv_post_recv`). Its key is checked when a message arrives for
@@ -984,7 +992,7 @@ impl Connection {
         gather_from: usize,
     ) -> Option<(usize, Option<PayloadRef>)> {
         let psn = self.tx.next_to_send(now, &mut self.timers)?;
-        self.last_path = self.paths.for_packet(psn, self.tx.is_striped(psn));
+        self.last_path = self.paths.for_packet(psn, || self.tx.is_striped(psn));
         let header = self.header(Opcode::Send, psn, 0);
         let built = self
             .tx

@@ -118,10 +118,14 @@ impl Paths {
         self.up.iter().position(|&u| u).unwrap_or(0)
     }
 
-    /// The path for the packet at `psn` (`striped`: it belongs to a multi-packet message).
-    pub fn for_packet(&self, psn: Psn, striped: bool) -> usize {
+    /// The path for the packet at `psn` (`striped`: whether it belongs to a multi-packet
+    /// message, asked only when several paths are up).
+    pub fn for_packet(&self, psn: Psn, striped: impl FnOnce() -> bool) -> usize {
+        if self.up.len() == 1 {
+            return 0;
+        }
         let ups = self.up_count();
-        if !striped || ups <= 1 {
+        if ups <= 1 || !striped() {
             return self.primary();
         }
         let nth = psn.0 as usize % ups;
@@ -136,12 +140,17 @@ impl Paths {
     /// Records that the sequenced packet `psn` went out on `path` (`snd_una`: the oldest
     /// packet not acknowledged, so that acknowledged entries are dropped).
     pub fn record_sent(&mut self, psn: Psn, path: usize, snd_una: Psn) {
+        if self.up.len() == 1 {
+            // One path: nothing to blame a loss on (`mark_down` keeps the last path up), and
+            // keeping the record cost some 40 instructions per packet.
+            return;
+        }
         let path = u16::try_from(path).unwrap_or(u16::MAX);
         self.sent_on.record(psn, path, snd_una);
     }
 
     /// The path the sequenced packet `psn` last went out on, if it is still unacknowledged
-    /// and was sent.
+    /// and was sent (never known with a single path: see `record_sent`).
     pub fn sent_path(&self, psn: Psn) -> Option<usize> {
         self.sent_on.get(psn)
     }

@@ -36,7 +36,7 @@ pub struct Endpoint {
 impl Endpoint {
     /// Posts a send-queue request.
     pub fn post_send(&mut self, wr: SendWr) -> Result<(), PostError> {
-        self.conn.post_send(wr, &self.mem)
+        self.conn.post_send(wr, &self.mem).map(|_| ())
     }
 
     /// Posts a receive.
