@@ -16,8 +16,12 @@
 //! This module owns the cache and the decision; `packet.rs` reads the addresses off the ring
 //! and sends what this says.
 
-use std::collections::HashMap;
 use std::net::Ipv4Addr;
+
+// FxHash: both maps are looked up for every frame sent and received, where SipHash cost about
+// 100 instructions a lookup. Flooding them with colliding keys gains a stranger nothing: they
+// are bounded ([`MAX_KNOWN`], [`MAX_UNKNOWN`]).
+use rustc_hash::FxHashMap as HashMap;
 
 /// Frames to or from an unknown address between two reads of the neighbour table.
 pub(crate) const LOOKUP_EVERY: u32 = 256;
@@ -86,6 +90,9 @@ pub(crate) struct Neighbours<T> {
     /// `Some(address)` on a loopback interface: every frame is the host's own.
     loopback: Option<Mac>,
     known: HashMap<Ipv4Addr, Mac>,
+    /// The entry of `known` last used: a rail usually talks to one peer, and this spares a
+    /// map lookup for every frame. Reset whenever `known` changes (`lookup_now`).
+    last_known: Option<(Ipv4Addr, Mac)>,
     /// Addresses sent to, looked up and not found, with sends left before the next lookup.
     unknown: HashMap<Ipv4Addr, u32>,
     /// Received frames left before the next lookup they may cause (whatever address they
@@ -99,9 +106,22 @@ impl<T: NeighbourTable> Neighbours<T> {
         Neighbours {
             table,
             loopback,
-            known: HashMap::new(),
-            unknown: HashMap::new(),
+            known: HashMap::default(),
+            last_known: None,
+            unknown: HashMap::default(),
             wire_lookup_in: 0,
+        }
+    }
+
+    /// `ip`'s address, if known.
+    fn known(&mut self, ip: Ipv4Addr) -> Option<Mac> {
+        match self.last_known {
+            Some((last, mac)) if last == ip => Some(mac),
+            _ => {
+                let mac = *self.known.get(&ip)?;
+                self.last_known = Some((ip, mac));
+                Some(mac)
+            }
         }
     }
 
@@ -112,13 +132,14 @@ impl<T: NeighbourTable> Neighbours<T> {
             self.known.clear();
         }
         self.known.insert(ip, mac);
+        self.last_known = None;
         self.unknown.remove(&ip);
         Some(mac)
     }
 
     /// Where a frame for `ip` goes.
     pub(crate) fn for_send(&mut self, ip: Ipv4Addr) -> Lookup {
-        if let Some(mac) = self.loopback.or_else(|| self.known.get(&ip).copied()) {
+        if let Some(mac) = self.loopback.or_else(|| self.known(ip)) {
             return Lookup::Send(mac);
         }
         if let Some(left) = self.unknown.get_mut(&ip) {
@@ -146,7 +167,7 @@ impl<T: NeighbourTable> Neighbours<T> {
         if let Some(mac) = self.loopback {
             return mac == source;
         }
-        if self.known.get(&ip) == Some(&source) {
+        if self.known(ip) == Some(source) {
             return true;
         }
         if self.wire_lookup_in > 0 {
@@ -188,7 +209,7 @@ mod tests {
 
     fn table() -> FixedTable {
         FixedTable {
-            entries: HashMap::from([(PEER, PEER_MAC)]),
+            entries: HashMap::from_iter([(PEER, PEER_MAC)]),
             lookups: Cell::new(0),
         }
     }

@@ -460,7 +460,8 @@ impl DatagramIo for PacketIo {
                 }
             }
             self.ring.release(i);
-            self.ring.next = (i + 1) % self.ring.frames;
+            // (Not `%`: a division per frame.)
+            self.ring.next = if i + 1 == self.ring.frames { 0 } else { i + 1 };
             total += 1;
         }
         Ok(total)
