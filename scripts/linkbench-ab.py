@@ -10,7 +10,7 @@ CPU 1 and client on CPU 0, taken down at the end. Every round runs every case on
 the builds' order reversed every other round, so that the host's drift (on the 2-vCPU VMs it
 moves whole runs by up to 2x) hits all of them alike. Prints, per case and build, the median of
 the rounds' round-trip p50 and mean, and the median of the per-round ratios to the first build.
-The lab is made with the `tbrdma` next to the first linkbench. Cases are linkbench's names: write-sockets, send-packet, udp-busy, frame-busy, ... A floor case
+The lab is made with $TBRDMA (default: this tree's target/release/tbrdma). Cases are linkbench's names: write-sockets, send-packet, udp-busy, frame-busy, ... A floor case
 run under both builds is a control: its ratio shows what the host itself resolves.
 """
 
@@ -58,7 +58,8 @@ def main():
     rounds, iters = int(sys.argv[1]), sys.argv[2]
     cases = [c.split(":") for c in sys.argv[3].split(",")]
     builds = [os.path.realpath(b) for b in sys.argv[4:]]
-    tbrdma = os.path.join(os.path.dirname(builds[0]), "tbrdma")
+    repo = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    tbrdma = os.environ.get("TBRDMA") or os.path.join(repo, "target/release/tbrdma")
     lab = f"lab{os.getpid()}"
     subprocess.run([tbrdma, "lab", "up", "2", "--topology", "pair", "--name", lab],
                    check=True, stdout=subprocess.DEVNULL)

@@ -337,6 +337,25 @@ impl TxBatch {
         ]
     }
 
+    /// Copies datagram `i`'s region part behind the bytes in its buffer, so that the datagram
+    /// lies in one buffer; returns whether it did. Nothing changes for a datagram without a
+    /// part, one wholly in its region (a header in the headroom), or one its buffer cannot hold.
+    pub fn inline_part(&mut self, i: usize) -> bool {
+        let (Some(part), len) = (self.parts[i].as_ref(), self.lens[i]) else {
+            return false;
+        };
+        if len == 0 {
+            return false;
+        }
+        let Some(behind) = self.bufs[i].get_mut(len..len + part.len) else {
+            return false;
+        };
+        part.buffer.read(part.offset, behind);
+        self.lens[i] += part.len;
+        self.parts[i] = None;
+        true
+    }
+
     /// Length of datagram `i` on the wire (both parts).
     pub fn datagram_len(&self, i: usize) -> usize {
         self.lens[i] + self.parts[i].as_ref().map_or(0, RegionPart::len)
@@ -493,6 +512,59 @@ mod tests {
         let buf = batch.next_buf().expect("room");
         buf[..head.len()].copy_from_slice(head);
         batch.commit_parts(head.len(), dest, part);
+    }
+
+    #[test]
+    fn a_part_is_inlined_only_when_its_buffer_holds_it_behind_a_header() {
+        let buffer = region(4096);
+        let dest: SocketAddr = "10.0.0.1:1".parse().unwrap();
+        let mut batch = TxBatch::new(4, 64);
+        commit(
+            &mut batch,
+            b"head",
+            dest,
+            Some(RegionPart::new(Arc::clone(&buffer), 100, 60)),
+        );
+        commit(
+            &mut batch,
+            b"head",
+            dest,
+            Some(RegionPart::new(Arc::clone(&buffer), 100, 61)),
+        );
+        commit(
+            &mut batch,
+            b"",
+            dest,
+            Some(RegionPart::new(Arc::clone(&buffer), 0, 10)),
+        );
+        commit(&mut batch, b"plain", dest, None);
+
+        assert!(batch.inline_part(0), "4 + 60 bytes fit the 64-byte buffer");
+        let expected: Vec<u8> = b"head"
+            .iter()
+            .copied()
+            .chain((100..160).map(|i| (i * 7 + 1) as u8))
+            .collect();
+        assert_eq!(batch.get(0), (&expected[..], dest));
+        assert!(batch.part(0).is_none());
+        assert_eq!(batch.datagram_len(0), 64);
+
+        assert!(!batch.inline_part(1), "4 + 61 bytes do not fit");
+        assert!(!batch.inline_part(2), "wholly in its region already");
+        assert!(!batch.inline_part(3), "no part");
+        assert_eq!(
+            (
+                batch.datagram_len(1),
+                batch.datagram_len(2),
+                batch.datagram_len(3)
+            ),
+            (65, 10, 5)
+        );
+        assert_eq!(
+            Arc::strong_count(&buffer),
+            3,
+            "the inlined part let go of the region"
+        );
     }
 
     #[test]
