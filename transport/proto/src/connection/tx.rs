@@ -132,10 +132,42 @@ pub(super) enum TimeoutAction {
 enum Frto {
     /// The oldest unacknowledged packet goes again (`sent` once it went), alone; `until` is
     /// the first PSN never sent when the timeout fired.
-    Resent { sent: bool, until: Psn },
+    Resent {
+        sent: bool,
+        until: Psn,
+        timed: Timed,
+    },
     /// The first acknowledgement since moved on, but not past `until`: up to `budget` more new
     /// packets go (if there are any), and the next acknowledgement decides.
-    NewSent { budget: u32 },
+    NewSent { budget: u32, timed: Timed },
+}
+
+/// The packet that was being timed when the retransmission timeout fired. Karn's rule keeps
+/// its round trip out of the estimator, since an acknowledgement could answer either copy;
+/// but when F-RTO finds the timeout spurious, the original arrived, and the first
+/// acknowledgement to cover it answered the original or came later still: its round trip
+/// can only over-estimate. Sampling it then is what lets a link whose round trip is longer
+/// than the first timeout (no sample yet) learn it; without it every flight timed out once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timed {
+    /// No packet was being timed.
+    Nothing,
+    /// Packet `.0`, first sent at `.1`, not yet acknowledged.
+    Waiting(Psn, Time),
+    /// Acknowledged this many nanoseconds after it was first sent.
+    Answered(u64),
+}
+
+impl Timed {
+    /// An acknowledgement of everything before `ack` arrived at `now`.
+    fn on_ack(self, ack: Psn, now: Time) -> Timed {
+        match self {
+            Timed::Waiting(psn, sent) if psn.before(ack) => {
+                Timed::Answered(now.as_nanos().saturating_sub(sent.as_nanos()))
+            }
+            other => other,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -361,7 +393,7 @@ impl TxStream {
         match self.frto {
             // (Before it went, the oldest is where the timeout put the cursor.)
             Some(Frto::Resent { sent: false, .. }) | None => {}
-            Some(Frto::Resent { sent: true, .. }) | Some(Frto::NewSent { budget: 0 }) => {
+            Some(Frto::Resent { sent: true, .. }) | Some(Frto::NewSent { budget: 0, .. }) => {
                 return None;
             }
             // Only new packets: the next acknowledgement tells whether the rest of the flight
@@ -427,7 +459,7 @@ impl TxStream {
     pub fn on_sent(&mut self, psn: Psn, now: Time, timers: &mut TimerTable) -> bool {
         match &mut self.frto {
             Some(Frto::Resent { sent, .. }) => *sent = true,
-            Some(Frto::NewSent { budget }) => *budget = budget.saturating_sub(1),
+            Some(Frto::NewSent { budget, .. }) => *budget = budget.saturating_sub(1),
             None => {}
         }
         let retransmit = psn.before(self.next_send);
@@ -654,30 +686,39 @@ impl TxStream {
     /// packet, so a stale acknowledgement often lands just after a timeout (in the simulator,
     /// the answer to the previous flight's resent packet, every time). A flight that was
     /// really lost is resent on the peer's NAK, or on the next timeout.
-    fn frto_answer(&mut self, ack: Psn) {
+    fn frto_answer(&mut self, ack: Psn, now: Time) {
         match self.frto {
-            Some(Frto::Resent { sent, until }) => {
+            Some(Frto::Resent { sent, until, timed }) => {
+                let timed = timed.on_ack(ack, now);
                 if !sent || !ack.before(until) {
                     // Everything outstanding at the timeout arrived, or the originals did
                     // before the resend even went: the timeout was spurious.
-                    self.frto = None;
-                    self.rtx = None;
+                    self.spurious_timeout(timed);
                 } else {
                     // Up to two new packets go, if there are any (RFC 5682 resends the flight
                     // when there are none; here the next acknowledgement decides anyway, and a
                     // loss at the end of a transfer is found by the tail probe this progress
                     // re-arms, or by the next timeout).
-                    self.frto = Some(Frto::NewSent { budget: 2 });
+                    self.frto = Some(Frto::NewSent { budget: 2, timed });
                     self.rtx = None;
                 }
             }
-            Some(Frto::NewSent { .. }) => {
+            Some(Frto::NewSent { timed, .. }) => {
                 // Two acknowledgements in a row moved on past the one packet resent: the
                 // originals are arriving, and the timeout was spurious.
-                self.frto = None;
-                self.rtx = None;
+                self.spurious_timeout(timed.on_ack(ack, now));
             }
             None => {}
+        }
+    }
+
+    /// F-RTO found the last timeout spurious: the flight goes on as if it had not fired, and
+    /// the packet timed when it fired gives its round trip (see [`Timed`]).
+    fn spurious_timeout(&mut self, timed: Timed) {
+        self.frto = None;
+        self.rtx = None;
+        if let Timed::Answered(rtt) = timed {
+            self.sample_rtt(rtt);
         }
     }
 
@@ -708,7 +749,7 @@ impl TxStream {
             self.messages.pop_front();
         }
         if self.frto.is_some() {
-            self.frto_answer(ack);
+            self.frto_answer(ack, now);
         }
         self.sacked.retain_mut(|(start, end)| {
             if start.before(ack) {
@@ -879,7 +920,10 @@ impl TxStream {
             return TimeoutAction::GiveUp;
         }
         self.rto = self.rto.saturating_mul(2).min(self.max_rto);
-        self.rtt_probe = None;
+        let timed = match self.rtt_probe.take() {
+            Some((psn, sent)) => Timed::Waiting(psn, sent),
+            None => Timed::Nothing,
+        };
         // Until progress, the retransmission timeout alone recovers this flight.
         self.tail_probed = true;
         timers.stop(Timer::TailProbe);
@@ -892,6 +936,7 @@ impl TxStream {
                 None if self.snd_una.before(self.next_send) => Some(Frto::Resent {
                     sent: false,
                     until: self.next_send,
+                    timed,
                 }),
                 _ => None,
             };

@@ -8,6 +8,7 @@ use std::time::Duration;
 use rand_chacha::ChaCha8Rng;
 use rand_core::Rng;
 
+use crate::seq::Psn;
 use crate::time::Time;
 
 /// Fault and delay model of the link (both directions alike).
@@ -186,11 +187,14 @@ impl Link {
         Some((f.to_b, f.bytes))
     }
 
-    pub fn in_flight_towards(&self, to_b: bool) -> usize {
+    /// The PSNs of the sequenced packets in flight one way (a resent packet whose original is
+    /// still on the way counts once: it takes no more of the receiver's window).
+    pub fn psns_in_flight_towards(&self, to_b: bool) -> impl Iterator<Item = Psn> + '_ {
         self.queue
             .iter()
-            .filter(|Reverse(f)| f.to_b == to_b && f.bytes.get(3).is_some_and(|&op| op < 0x10))
-            .count()
+            .filter(move |Reverse(f)| f.to_b == to_b && f.bytes.get(3).is_some_and(|&op| op < 0x10))
+            .filter_map(|Reverse(f)| crate::wire::decode(&f.bytes).ok())
+            .map(|packet| packet.header.psn)
     }
 
     pub fn in_flight(&self) -> usize {

@@ -226,9 +226,12 @@ impl Pair {
         &mut self.links[0].config
     }
 
-    /// Datagrams in flight from `a` to `b`.
-    pub fn in_flight_towards_b(&self) -> usize {
-        self.links.iter().map(|l| l.in_flight_towards(true)).sum()
+    /// The PSNs of the sequenced packets in flight from `a` to `b`, each once.
+    pub fn psns_in_flight_towards_b(&self) -> std::collections::HashSet<Psn> {
+        self.links
+            .iter()
+            .flat_map(|l| l.psns_in_flight_towards(true))
+            .collect()
     }
 
     /// Steps taken so far.
