@@ -214,18 +214,15 @@ impl DatagramIo for SocketIo {
             // Two iovecs per datagram: the buffer, then the region part of a gathered one.
             let mut iovs = [MaybeUninit::<[libc::iovec; 2]>::uninit(); BATCH];
             let mut msgs = [MaybeUninit::<libc::mmsghdr>::uninit(); BATCH];
-            if n == 1
-                && self.peer == Some(batch.get(start).1)
-                && batch.datagram_len(start) <= LONE_COPY_MAX
-            {
+            let lone_to_peer = n == 1 && self.peer == Some(batch.get(start).1);
+            if lone_to_peer && batch.datagram_len(start) <= LONE_COPY_MAX {
                 batch.inline_part(start);
             }
             // One datagram to the connected peer in one buffer (a ping-pong's) goes out with
             // plain send(2) below, which needs no message header: building one cost about 200
             // instructions per datagram.
-            let plain_send = n == 1
-                && self.peer == Some(batch.get(start).1)
-                && (batch.part(start).is_none() || batch.get(start).0.is_empty());
+            let plain_send =
+                lone_to_peer && (batch.part(start).is_none() || batch.get(start).0.is_empty());
             for i in (0..n).filter(|_| !plain_send) {
                 let dest = batch.get(start + i).1;
                 let part = batch.part(start + i);
@@ -251,7 +248,7 @@ impl DatagramIo for SocketIo {
             let mut done = 0;
             let mut attempt = Attempt::default();
             while done < n {
-                let sent = if n == 1 && self.peer == Some(batch.get(start).1) {
+                let sent = if lone_to_peer {
                     let rc = if let (Some(part), true) =
                         (batch.part(start), batch.get(start).0.is_empty())
                     {

@@ -2282,23 +2282,29 @@ fn a_data_packet_without_the_agreed_digest_is_dropped() {
 /// late, not lost, as when a busy host deschedules the peer) resends the oldest packet, not the
 /// flight (F-RTO): the acknowledgements that come back show the originals arrived. Both with
 /// acknowledgements that cover the flight at once and with ones that come in pieces.
+/// The sender's statistics after a 64-packet WRITE in flights of 16, acknowledged every
+/// `ack_every` packets, over a link whose round trip (1.2 ms) is longer than the first
+/// timeout (1 ms, no round trip sampled yet).
+fn write_over_a_slow_link(ack_every: u32) -> crate::Stats {
+    let config = Config {
+        max_datagram: 1500,
+        window: 16,
+        ack_every,
+        ..Config::default()
+    };
+    let link = LinkConfig {
+        latency: Duration::from_micros(600),
+        ..LinkConfig::default()
+    };
+    let mut p = pair_with(link, config);
+    write_whole(&mut p, 64 * 1400, 21);
+    *p.a.conn.stats()
+}
+
 #[test]
 fn a_spurious_timeout_resends_one_packet_not_the_flight() {
     for ack_every in [16, 4] {
-        let config = Config {
-            max_datagram: 1500,
-            window: 16,
-            ack_every,
-            ..Config::default()
-        };
-        // Round trip 1.2 ms against the first timeout's 1 ms (no round trip sampled yet).
-        let link = LinkConfig {
-            latency: Duration::from_micros(600),
-            ..LinkConfig::default()
-        };
-        let mut p = pair_with(link, config);
-        write_whole(&mut p, 64 * 1400, 21);
-        let stats = p.a.conn.stats();
+        let stats = write_over_a_slow_link(ack_every);
         assert!(
             stats.timeouts >= 1,
             "ack_every {ack_every}: no timeout: {stats:?}"
@@ -2316,18 +2322,7 @@ fn a_spurious_timeout_resends_one_packet_not_the_flight() {
 /// went first), so the timeout learns the round trip and the later flights do not time out.
 #[test]
 fn a_spurious_timeout_still_teaches_the_round_trip() {
-    let config = Config {
-        max_datagram: 1500,
-        window: 16,
-        ..Config::default()
-    };
-    let link = LinkConfig {
-        latency: Duration::from_micros(600),
-        ..LinkConfig::default()
-    };
-    let mut p = pair_with(link, config);
-    write_whole(&mut p, 64 * 1400, 21);
-    let stats = p.a.conn.stats();
+    let stats = write_over_a_slow_link(Config::default().ack_every);
     assert_eq!(
         stats.timeouts, 1,
         "only the first flight, sent before any sample, times out: {stats:?}"
