@@ -2,7 +2,9 @@
 """Alternating A/B of linkbench latency cases between two (or more) builds.
 
     cargo build --release -p tbrdma-benches --bin linkbench   # in each tree to compare
-    sudo scripts/linkbench-ab.py ROUNDS ITERS CASE:SIZE[,CASE:SIZE...] LINKBENCH_A LINKBENCH_B...
+    sudo scripts/linkbench-ab.py ROUNDS ITERS CASE:SIZE[,CASE:SIZE...] LINKBENCH_A [LINKBENCH_B...]
+
+With one build it simply measures the cases, alternated over the rounds.
 
 Runs linkbench's own client and server children (`linkbench --child ...`, the processes a
 `linkbench` run starts for each case) in a two-namespace lab over one veth cable, server on
@@ -53,7 +55,7 @@ def run_case(binary, lab, case, size, iters):
 
 
 def main():
-    if len(sys.argv) < 6:
+    if len(sys.argv) < 5:
         sys.exit(__doc__)
     rounds, iters = int(sys.argv[1]), sys.argv[2]
     cases = [c.split(":") for c in sys.argv[3].split(",")]

@@ -13,12 +13,19 @@
 //! docs/performance.md). Everything the packet engine adds on top of this (header, CRC,
 //! acknowledgements, completions) is what its ratio to this floor measures.
 //!
+//! A message larger than one frame (64 KiB: the MTU is 65 520) goes as the fewest frames that
+//! carry it ([`crate::child::datagram_lengths`]), all sent before the first echo is awaited, and
+//! the server echoes only once it has them all, as an engine's peer answers only a whole
+//! message: the floor moves the same bytes as the engine does, in as few frames as the cable
+//! allows.
+//!
 //! The frames carry no protocol, so nothing resends them, and the backend drops a frame while
 //! the kernel's neighbour table has no entry for its destination (it asks the kernel to
 //! resolve it): in a lab just made, the first frame is lost. So each frame's first 8 bytes
-//! number it, the server echoes until it has echoed the last number, and during the warm-up
-//! the client sends a frame again when its echo is late, ignoring stale echoes. The timed
-//! round trips are never resent.
+//! number its message (and the 9th, in a message of several frames, the frame), the server
+//! echoes until it has echoed the last message, and during the warm-up the client sends a
+//! message again when its echo is late, ignoring stale echoes. The timed round trips are never
+//! resent.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -27,10 +34,12 @@ use anyhow::{Context, ensure};
 use tbrdma_engine::io::packet::PacketIo;
 use tbrdma_engine::io::{DatagramIo, TxBatch};
 
-use crate::child::{ChildArgs, Measured, RoundTrips, check_stall, ready};
+use crate::child::{ChildArgs, Measured, RoundTrips, check_stall, datagram_lengths, ready};
 
 /// Largest datagram of the floor (a UDP datagram's largest payload, as the UDP floor uses).
 const MAX_DATAGRAM: usize = 65_507;
+/// Most frames a message is cut into (64 KiB takes two).
+const MAX_FRAMES: usize = 64;
 /// Ring polls between clock reads while waiting.
 const POLLS_PER_CHECK: u32 = 4096;
 /// How long a warm-up frame's echo may take before the frame is sent again (a neighbour
@@ -46,56 +55,37 @@ fn open(addr: SocketAddr) -> anyhow::Result<PacketIo> {
     PacketIo::new(socket, MAX_DATAGRAM).context("opening the AF_PACKET socket and its ring")
 }
 
-/// Where [`receive`] copies a frame's datagram.
-enum CopyTo<'a> {
-    /// Into `batch`, addressed back to its sender: the server's echo.
-    Echo(&'a mut TxBatch),
-    /// Into a landing buffer: the client's copy of the echo.
-    Land(&'a mut [u8]),
+/// Which message a frame belongs to and which of its frames it is: the first 8 bytes number
+/// the message, the 9th numbers the frame when there are several.
+fn frame_id(data: &[u8], frames: usize) -> Option<(u64, usize)> {
+    let seq = u64::from_le_bytes(data.get(..SEQ_LEN)?.try_into().ok()?);
+    let index = if frames > 1 {
+        usize::from(*data.get(SEQ_LEN)?)
+    } else {
+        0
+    };
+    (index < frames).then_some((seq, index))
 }
 
-/// A frame's number, if it is long enough to carry one.
-fn seq_of(data: &[u8]) -> Option<u64> {
-    Some(u64::from_le_bytes(data.get(..SEQ_LEN)?.try_into().ok()?))
-}
-
-/// Spins on the ring until one frame arrives, copies its datagram out of the ring as `into`
-/// says, and returns its length and number. With `patience`, gives up after it (`None`).
+/// Spins on the ring until at least one frame arrives and hands every frame of that poll to
+/// `each` (its datagram, still in the ring, and its sender). With `patience`, gives up after it
+/// (`false`).
 fn receive(
     io: &mut PacketIo,
-    mut into: CopyTo<'_>,
+    each: &mut dyn FnMut(&[u8], SocketAddr),
     what: &str,
     patience: Option<Duration>,
-) -> anyhow::Result<Option<(usize, Option<u64>)>> {
+) -> anyhow::Result<bool> {
     let since = Instant::now();
     let mut polls = 0u32;
     loop {
-        let mut got = None;
-        io.recv(&mut None, &mut |data: &[u8], from: SocketAddr| {
-            if got.is_none() {
-                got = Some((data.len(), seq_of(data)));
-                match &mut into {
-                    CopyTo::Echo(batch) => {
-                        if let Some(buf) = batch.next_buf() {
-                            buf[..data.len()].copy_from_slice(data);
-                            batch.commit(data.len(), from);
-                        }
-                    }
-                    CopyTo::Land(buf) => {
-                        let n = data.len().min(buf.len());
-                        buf[..n].copy_from_slice(&data[..n]);
-                    }
-                }
-            }
-        })
-        .context("receiving a frame")?;
-        if got.is_some() {
-            return Ok(got);
+        if io.recv(&mut None, each).context("receiving a frame")? > 0 {
+            return Ok(true);
         }
         polls += 1;
         if polls % POLLS_PER_CHECK == 0 {
             if patience.is_some_and(|p| since.elapsed() >= p) {
-                return Ok(None);
+                return Ok(false);
             }
             check_stall(since, what)?;
         }
@@ -103,67 +93,124 @@ fn receive(
     }
 }
 
-/// Echoes every frame until it has echoed the last one (number `total − 1`).
+/// The frames of a message seen so far, one bit each.
+fn all_frames(frames: usize) -> u64 {
+    if frames >= 64 {
+        u64::MAX
+    } else {
+        (1 << frames) - 1
+    }
+}
+
+/// Echoes every message once all its frames are in, copying each out of the ring into the
+/// echo, until it has echoed the last message (number `total − 1`).
 pub fn frame_server(args: &ChildArgs) -> anyhow::Result<()> {
     let mut io = open(args.server_addr)?;
-    let mut batch = TxBatch::new(1, MAX_DATAGRAM);
+    let frames = datagram_lengths(args.case.size, MAX_DATAGRAM).len();
+    ensure!(
+        frames <= MAX_FRAMES,
+        "{} B takes more than {MAX_FRAMES} frames",
+        args.case.size
+    );
+    let mut batch = TxBatch::new(frames, MAX_DATAGRAM);
     let last = args.total().saturating_sub(1);
+    // The message being gathered, and which of its frames are in.
+    let mut current = None;
+    let mut have = 0u64;
     ready();
     loop {
-        let got = receive(
+        let mut complete = None;
+        receive(
             &mut io,
-            CopyTo::Echo(&mut batch),
+            &mut |data, from| {
+                let Some((seq, index)) = frame_id(data, frames) else {
+                    return;
+                };
+                if current != Some(seq) {
+                    // A new message (or the client's resend during the warm-up): start over.
+                    batch.clear();
+                    current = Some(seq);
+                    have = 0;
+                }
+                if have & (1 << index) != 0 {
+                    return;
+                }
+                have |= 1 << index;
+                if let Some(buf) = batch.next_buf() {
+                    buf[..data.len()].copy_from_slice(data);
+                    batch.commit(data.len(), from);
+                }
+                if have == all_frames(frames) {
+                    complete = Some(seq);
+                }
+            },
             "waiting for a frame",
             None,
         )?;
-        io.send(&mut batch).context("echoing a frame")?;
-        if got.is_some_and(|(_, seq)| seq == Some(last)) {
+        let Some(seq) = complete else { continue };
+        io.send(&mut batch).context("echoing a message")?;
+        current = None;
+        if seq == last {
             return Ok(());
         }
     }
 }
 
-/// Sends a frame of the case's size, spins until its echo is back; one round trip each.
+/// Sends a message of the case's size, spins until all of its echo is back; one round trip
+/// each.
 pub fn frame_client(args: &ChildArgs) -> anyhow::Result<Measured> {
-    let size = args.case.size.min(MAX_DATAGRAM);
+    let size = args.case.size;
+    let lengths = datagram_lengths(size, MAX_DATAGRAM);
+    let frames = lengths.len();
     ensure!(
-        size >= SEQ_LEN,
-        "frames of {size} bytes cannot carry their number"
+        size >= SEQ_LEN && frames <= MAX_FRAMES,
+        "a message of {size} bytes cannot be numbered in at most {MAX_FRAMES} frames"
     );
     // A port of our own for the shim; the socket itself stays unused.
     let mut io = open(SocketAddr::new(args.ip, 0))?;
     io.set_peer(Some(args.server_addr))?;
-    let mut out = TxBatch::new(1, MAX_DATAGRAM);
-    let mut landing = vec![0u8; MAX_DATAGRAM];
-    let mut message = vec![0xa5u8; size];
+    let mut out = TxBatch::new(frames, MAX_DATAGRAM);
+    // Where each echoed frame is copied, at its place in the message.
+    let mut landing = vec![0u8; size];
+    let message = vec![0xa5u8; size];
     let mut rtts = RoundTrips::new();
     for i in 0..args.total() {
         let warming = i < args.warmup;
-        message[..SEQ_LEN].copy_from_slice(&i.to_le_bytes());
-        let (n, rtt) = 'echoed: loop {
+        let rtt = 'echoed: loop {
             // Outside the time, as the UDP floor sends from its message in place.
-            let buf = out.next_buf().expect("an empty batch has room");
-            buf[..size].copy_from_slice(&message);
-            out.commit(size, args.server_addr);
+            let mut at = 0;
+            for (index, &len) in lengths.iter().enumerate() {
+                let buf = out.next_buf().expect("the batch has a slot per frame");
+                buf[..len].copy_from_slice(&message[at..at + len]);
+                buf[..SEQ_LEN].copy_from_slice(&i.to_le_bytes());
+                if frames > 1 {
+                    buf[SEQ_LEN] = index as u8;
+                }
+                out.commit(len, args.server_addr);
+                at += len;
+            }
             let start = Instant::now();
-            io.send(&mut out).context("sending a frame")?;
-            loop {
+            io.send(&mut out).context("sending a message")?;
+            let mut have = 0u64;
+            while have != all_frames(frames) {
                 let patience = warming.then_some(WARMUP_PATIENCE);
-                let into = CopyTo::Land(&mut landing);
-                match receive(&mut io, into, "waiting for the echo", patience)? {
-                    // The second echo of a frame sent twice during the warm-up.
-                    Some((_, Some(seq))) if seq < i => continue,
-                    Some((n, seq)) => {
-                        let rtt = start.elapsed();
-                        ensure!(seq == Some(i), "echo of frame {seq:?} for frame {i}");
-                        break 'echoed (n, rtt);
-                    }
+                let mut each = |data: &[u8], _from: SocketAddr| {
+                    // Echoes of an earlier message (sent twice during the warm-up) are stale.
+                    let Some((_, index)) = frame_id(data, frames).filter(|&(s, _)| s == i) else {
+                        return;
+                    };
+                    let offset: usize = lengths[..index].iter().sum();
+                    let n = data.len().min(size - offset);
+                    landing[offset..offset + n].copy_from_slice(&data[..n]);
+                    have |= 1 << index;
+                };
+                if !receive(&mut io, &mut each, "waiting for the echo", patience)? {
                     // Late: send it again.
-                    None => continue 'echoed,
+                    continue 'echoed;
                 }
             }
+            break start.elapsed();
         };
-        ensure!(n == size, "echo of {n} bytes for {size}");
         if !warming {
             rtts.record(rtt);
         }

@@ -1,7 +1,10 @@
 //! The kernel baselines: what an application gets from plain sockets over the same veth pair.
 //!
 //! - UDP floor: nonblocking sockets, the client sends and spins on `recv` (no sleep, no poll),
-//!   the server spins on `recv_from` and echoes. Nothing can be cheaper through the kernel.
+//!   the server spins on `recv_from` and echoes. Nothing can be cheaper through the kernel. A
+//!   message larger than one unfragmented datagram (64 KiB) goes as the fewest datagrams that
+//!   carry it, and the server echoes once it has them all (as the raw-frame floor does,
+//!   `frames.rs`).
 //! - TCP ping-pong: blocking sockets with `TCP_NODELAY`, as most applications use TCP.
 //! - TCP stream: one connection, blocking writes of 1 MiB, the reader reading.
 
@@ -11,7 +14,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 
-use crate::child::{ChildArgs, Measured, RoundTrips, check_stall, ready};
+use crate::child::{ChildArgs, Measured, RoundTrips, check_stall, datagram_lengths, ready};
+
+/// Largest UDP payload the floor sends: the most an IPv4 packet of the lab's 65 520-byte MTU
+/// carries after its 28 bytes of headers. A datagram of up to 65 507 bytes is legal, but beyond
+/// this it leaves as two IP fragments, which the receiver reassembles: 6 µs more per round
+/// trip at 65 507 bytes than two datagrams carrying 65 536 (2026-12-04), so that is no floor.
+const UDP_MAX: usize = 65_492;
 
 /// Spins between clock reads while waiting: reading the clock every spin would cost more than
 /// the wait it checks.
@@ -36,58 +45,78 @@ fn udp_send(sock: &UdpSocket, data: &[u8], to: Option<SocketAddr>) -> anyhow::Re
     }
 }
 
-/// Echoes `total` datagrams, busy-polling.
+/// Echoes `total` messages, busy-polling: receives every datagram of one, then sends them all
+/// back.
 pub fn udp_server(args: &ChildArgs) -> anyhow::Result<()> {
     let sock = UdpSocket::bind(args.server_addr).context("binding the UDP socket")?;
     sock.set_nonblocking(true)?;
+    let datagrams = datagram_lengths(args.case.size, UDP_MAX).len();
+    let mut bufs = vec![vec![0u8; 65_536]; datagrams];
+    let mut lens = vec![0usize; datagrams];
     ready();
-    let mut buf = vec![0u8; 65_536];
     for _ in 0..args.total() {
         let since = Instant::now();
         let mut spins = 0u32;
-        let (n, from) = loop {
-            match sock.recv_from(&mut buf) {
-                Ok(got) => break got,
-                Err(e) if would_block(&e) => {
-                    spins += 1;
-                    if spins % SPINS_PER_CHECK == 0 {
-                        check_stall(since, "waiting for a datagram")?;
+        let mut from = None;
+        for (buf, len) in bufs.iter_mut().zip(&mut lens) {
+            let (n, sender) = loop {
+                match sock.recv_from(buf) {
+                    Ok(got) => break got,
+                    Err(e) if would_block(&e) => {
+                        spins += 1;
+                        if spins % SPINS_PER_CHECK == 0 {
+                            check_stall(since, "waiting for a datagram")?;
+                        }
                     }
+                    Err(e) => return Err(e).context("receiving a UDP datagram"),
                 }
-                Err(e) => return Err(e).context("receiving a UDP datagram"),
-            }
-        };
-        udp_send(&sock, &buf[..n], Some(from))?;
+            };
+            *len = n;
+            from = Some(sender);
+        }
+        for (buf, &len) in bufs.iter().zip(&lens) {
+            udp_send(&sock, &buf[..len], from)?;
+        }
     }
     Ok(())
 }
 
-/// Sends, spins on `recv` until the echo is back; one round trip per iteration.
+/// Sends a message, spins on `recv` until all of its echo is back; one round trip per
+/// iteration.
 pub fn udp_client(args: &ChildArgs) -> anyhow::Result<Measured> {
     let sock = UdpSocket::bind(SocketAddr::new(args.ip, 0)).context("binding the UDP socket")?;
     sock.connect(args.server_addr)?;
     sock.set_nonblocking(true)?;
-    let msg = vec![0xa5u8; args.case.size];
+    let size = args.case.size;
+    let msg = vec![0xa5u8; size];
+    let lengths = datagram_lengths(size, UDP_MAX);
     let mut buf = vec![0u8; 65_536];
     let mut rtts = RoundTrips::new();
     for i in 0..args.total() {
         let start = Instant::now();
-        udp_send(&sock, &msg, None)?;
+        let mut at = 0;
+        for &len in &lengths {
+            udp_send(&sock, &msg[at..at + len], None)?;
+            at += len;
+        }
         let mut spins = 0u32;
-        let n = loop {
-            match sock.recv(&mut buf) {
-                Ok(n) => break n,
-                Err(e) if would_block(&e) => {
-                    spins += 1;
-                    if spins % SPINS_PER_CHECK == 0 {
-                        check_stall(start, "waiting for the echo")?;
+        let mut echoed = 0;
+        for _ in &lengths {
+            echoed += loop {
+                match sock.recv(&mut buf) {
+                    Ok(n) => break n,
+                    Err(e) if would_block(&e) => {
+                        spins += 1;
+                        if spins % SPINS_PER_CHECK == 0 {
+                            check_stall(start, "waiting for the echo")?;
+                        }
                     }
+                    Err(e) => return Err(e).context("receiving the echo"),
                 }
-                Err(e) => return Err(e).context("receiving the echo"),
-            }
-        };
+            };
+        }
         let rtt = start.elapsed();
-        ensure!(n == msg.len(), "echo of {n} bytes for {}", msg.len());
+        ensure!(echoed == size, "echo of {echoed} bytes for {size}");
         if i >= args.warmup {
             rtts.record(rtt);
         }

@@ -317,11 +317,11 @@ fn ratios(run: &Run) -> Vec<Ratio> {
     // tcp-stream gives FAILED ones), as before there were rounds.
     let baseline =
         |bench, size| figures(run, bench, size).filter(|f| f.iter().any(Option::is_some));
-    for (size, floor_size) in LATENCY_SIZES {
+    for size in LATENCY_SIZES {
         let tcp = baseline(Bench::TcpBlocking, size);
         for engine in ENGINES {
             let floor_bench = floor_of(engine);
-            let floor = baseline(floor_bench, floor_size);
+            let floor = baseline(floor_bench, size);
             for bench in [Bench::Send(engine), Bench::Write(engine)] {
                 let Some(ours) = figures(run, bench, size) else {
                     continue;
@@ -330,7 +330,7 @@ fn ratios(run: &Run) -> Vec<Ratio> {
                 // round trips) at most 1.2x the engine's own floor at every size.
                 if let Some(floor) = &floor {
                     out.push(Ratio::new(
-                        format!("{bench} {size} B p50 / {floor_bench} {floor_size} B p50"),
+                        format!("{bench} {size} B p50 / {floor_bench} {size} B p50"),
                         &ours,
                         floor,
                         Some((1.2, true)),
