@@ -26,6 +26,11 @@
 //! overwrite the half being checked meanwhile: the peer's next message goes to the other half,
 //! and the one after that is only sent once this side has answered it. The server's checking
 //! runs while the client checks its own copy, so neither lengthens the round trip measured.
+//!
+//! `--op write` lends each target half to the engine before the peer's message into it can be
+//! sent, as a landing zone (the sockets engine then receives the WRITE's first datagram in
+//! place, with no copy), and reads the counter only once the loan has ended: what an
+//! `ib_write_lat`-style application that polls memory can do with the verbs API.
 
 use std::time::{Duration, Instant};
 
@@ -49,6 +54,9 @@ const ONE_WRITE_THREAD: usize = 1024;
 const HEADER_ROOM: usize = 128;
 /// Receives pre-posted for `--op send`.
 const RECV_SLOTS: usize = 4;
+/// Bytes in front of each target half: room for a datagram's header, so that the half can be
+/// lent to the engine as a landing zone (see [`Run::lend`]).
+const ZONE_GAP: usize = tbrdma_verbs::SEND_HEADROOM;
 
 fn align8(n: usize) -> usize {
     n.div_ceil(8) * 8
@@ -57,7 +65,7 @@ fn align8(n: usize) -> usize {
 /// The memory of one side.
 struct Buffers {
     /// The peer WRITEs here (payload, then the counter word), READs and FETCH_ADDs here: two
-    /// halves of `half` bytes, message `seq` into half `seq % 2`.
+    /// halves of `half` bytes, each after [`ZONE_GAP`] bytes, message `seq` into half `seq % 2`.
     target: MemoryRegion,
     /// What this side sends or WRITEs from (half `seq % 2`), and where READ and FETCH_ADD
     /// results land.
@@ -70,7 +78,7 @@ struct Buffers {
 
 impl Buffers {
     fn at(&self, seq: u64) -> usize {
-        (seq % 2) as usize * self.half
+        ZONE_GAP + (seq % 2) as usize * (ZONE_GAP + self.half)
     }
 }
 
@@ -129,7 +137,7 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
     let pd = dev.alloc_pd();
     let max = *sizes.iter().max().expect("at least one size");
     let half = align8(max) + 8;
-    let region_len = 2 * half;
+    let region_len = 2 * (ZONE_GAP + half);
     let remote_access =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let target = pd.alloc_mr(region_len, remote_access)?;
@@ -228,7 +236,8 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
             let result = if server.is_some() {
                 run.client_iteration(size, seq, i)
             } else {
-                run.server_iteration(size, seq, i).map(|()| Duration::ZERO)
+                run.server_iteration(size, seq, i, i + 1 < total)
+                    .map(|()| Duration::ZERO)
             };
             match result {
                 Ok(rtt) if i >= args.warmup && server.is_some() => {
@@ -267,6 +276,8 @@ impl Run<'_> {
             LatOp::Write | LatOp::Send => {
                 self.prepare(size, seq)?;
                 let start = Instant::now();
+                // The answer can only come once this message is out.
+                self.lend(size, seq)?;
                 self.send_message(size, seq)?;
                 self.wait_message(size, seq, i)?;
                 let elapsed = start.elapsed();
@@ -325,11 +336,23 @@ impl Run<'_> {
         }
     }
 
-    fn server_iteration(&mut self, size: usize, seq: u64, i: u64) -> anyhow::Result<()> {
+    /// One message answered; `more`: another of this size follows.
+    fn server_iteration(
+        &mut self,
+        size: usize,
+        seq: u64,
+        i: u64,
+        more: bool,
+    ) -> anyhow::Result<()> {
         match self.op {
             LatOp::Write | LatOp::Send => {
                 self.prepare(size, seq)?;
                 self.wait_message(size, seq, i)?;
+                // The client sends the next message only once it has this answer. (The first
+                // message of a size may arrive before the server could lend: it is copied.)
+                if more {
+                    self.lend(size, seq + 1)?;
+                }
                 self.send_message(size, seq)?;
                 self.after_answer(size, seq)
             }
@@ -421,6 +444,27 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// `--op write`: lends the target half of the peer's message `seq` to the engine as a
+    /// landing zone (`QueuePair::expect_write`), so that the sockets engine receives the
+    /// WRITE's first datagram straight into it; [`Self::wait_message`] reads the half only once
+    /// the loan has ended. Called only before the peer can have sent that message (this side
+    /// has not answered the message before it yet), since a zone lent over a message already
+    /// there could be overwritten by the next datagram. A refused loan changes nothing.
+    fn lend(&mut self, size: usize, seq: u64) -> anyhow::Result<()> {
+        if self.op != LatOp::Write {
+            return Ok(());
+        }
+        // The zone names the WRITE exactly: payload, padding and counter when they go as one,
+        // else the payload (the counter follows as a WRITE of its own).
+        let one = align8(size) + 8;
+        let len = if one <= self.one_write { one } else { size };
+        let at = self.buf.at(seq);
+        self.session.links[0]
+            .qp
+            .expect_write(&self.buf.target, at, len, 0)?;
+        Ok(())
+    }
+
     /// WRITE (payload + counter) or SEND message `seq` from its source half.
     fn send_message(&mut self, size: usize, seq: u64) -> anyhow::Result<()> {
         let base = self.buf.at(seq);
@@ -476,7 +520,10 @@ impl Run<'_> {
         let what = || format!("waiting for iteration {i} of the {size}-byte run");
         let counter_at = self.buf.at(seq) + align8(size);
         loop {
-            if self.op == LatOp::Write && self.buf.target.load_u64(counter_at) == seq {
+            if self.op == LatOp::Write
+                && !self.session.links[0].qp.lending()
+                && self.buf.target.load_u64(counter_at) == seq
+            {
                 self.received = Some(Received {
                     seq,
                     size,

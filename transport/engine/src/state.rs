@@ -359,6 +359,13 @@ impl State {
         Some(self.set_landing(pd, Some(landing), seen))
     }
 
+    /// Whether queue pair `qpn` still has a landing zone lent: false from the pass that placed
+    /// a write into it, or ended the loan otherwise (see [`Self::set_landing`] and the loop's
+    /// receive pass), on.
+    pub(crate) fn lending(&self, qpn: u32) -> bool {
+        self.landing.as_ref().is_some_and(|l| l.qpn == qpn)
+    }
+
     /// Closes queue pair `qpn` (the slot goes once its CLOSE is out) and takes back any
     /// landing zone it lent.
     pub(crate) fn close(&mut self, qpn: u32, now: Time) {

@@ -333,6 +333,12 @@ impl Engine {
         self.lock().expect_write(qpn, zone, seen)
     }
 
+    /// Whether queue pair `qpn` still has the landing zone of its last
+    /// [`Self::expect_write`] lent.
+    pub fn lending(&self, qpn: u32) -> bool {
+        self.lock().lending(qpn)
+    }
+
     /// Closes queue pair `qpn` (its CLOSE goes out; the engine forgets it once sent) and takes
     /// back any landing zone it lent.
     pub fn close(&self, qpn: u32) -> io::Result<()> {

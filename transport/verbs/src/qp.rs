@@ -125,6 +125,19 @@ impl QueuePair {
             .ok_or_else(|| self.closed())
     }
 
+    /// Whether the landing zone of this queue pair's last [`Self::expect_write`] is still
+    /// lent to the engine. It stops being lent when the expected write's first datagram has
+    /// been placed there (the write is then complete, or its later datagrams are placed as
+    /// usual, outside the zone), or when the loan ends otherwise (the queue pair's next receive
+    /// completion, a datagram too long for the zone, the queue pair going, a newer loan on the
+    /// device); in that case the zone's bytes are undefined until the write arrives, placed the
+    /// usual way. An application that learns of a WRITE by polling memory (a flag or counter
+    /// the write carries, as `ib_write_lat` does) reads the zone only once this is false:
+    /// lend, then poll completions until `lending()` is false and the flag is set.
+    pub fn lending(&self) -> bool {
+        self.device.inner.engine.lending(self.qp_num)
+    }
+
     /// The connection's state.
     pub fn state(&self) -> ConnectionState {
         self.device.inner.engine.connection_state(self.qp_num)

@@ -122,6 +122,51 @@ fn the_expected_write_lands_in_place_and_any_other_is_copied_out() {
     assert_eq!(p.target_bytes(4096, 3000), data[..3000]);
 }
 
+/// A receiver that learns of a plain WRITE by polling memory (`ib_write_lat`, `tbrdma
+/// pingpong --op write`): it lends the zone, and reads it once `lending()` says the loan ended.
+#[test]
+fn a_memory_polling_receiver_reads_the_zone_once_the_loan_has_ended() {
+    let p = pair();
+    let qp = &p.server.qp;
+    assert!(!qp.lending(), "nothing lent yet");
+    // A refused loan (a receive completion the application has not seen) lends nothing.
+    assert!(!qp.expect_write(&p.target, 4096, 4096, 1).unwrap());
+    assert!(!qp.lending());
+
+    for (round, len) in [(1u64, 16 << 10), (2, 200_000), (3, 8)] {
+        let mut data = pattern(len, round as u8);
+        let counter = len - 8;
+        data[counter..].copy_from_slice(&round.to_le_bytes());
+        p.src.write(0, &data);
+        assert!(qp.expect_write(&p.target, 4096, len, 0).unwrap());
+        assert!(qp.lending(), "lent until the write comes");
+        p.client
+            .qp
+            .post_send(&[SendWr {
+                wr_id: round,
+                local: p.src.sge(0, len),
+                op: SendOp::Write {
+                    remote: p.target.remote(4096),
+                },
+            }])
+            .unwrap();
+        let mut buf = [Completion::default(); 4];
+        let start = Instant::now();
+        // Caller progress: polling the (empty) receive queue is what receives the write.
+        while qp.lending() || p.target_bytes(4096 + counter, 8) != round.to_le_bytes() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "round {round}: still lent ({}) after 10 s",
+                qp.lending()
+            );
+            assert_eq!(p.server_cq.poll(&mut buf).unwrap(), 0);
+        }
+        assert_eq!(p.target_bytes(4096, len), data, "round {round}");
+        assert_eq!(next_completion(&p.client_cq).wc.wr_id, round);
+    }
+    assert!(p.landed() >= 1, "a write was received in place");
+}
+
 #[test]
 fn a_landing_zone_needs_room_for_the_header_inside_the_region() {
     let p = pair();

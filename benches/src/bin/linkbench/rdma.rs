@@ -4,7 +4,10 @@
 //! - SEND ping-pong: receives are pre-posted on both sides; the client SENDs, spins until the
 //!   echo's receive completes and reposts that receive; the server does the same and echoes.
 //! - WRITE ping-pong (perftest `ib_write_lat`): each side WRITEs into the other's region and
-//!   spins on the last 8 bytes of its own region, which carry the iteration number.
+//!   spins on the last 8 bytes of its own region, which carry the iteration number. It lends
+//!   that region to the engine first (`QueuePair::expect_write`: the sockets engine receives
+//!   the first datagram of the message into it) and reads it only once the loan has ended
+//!   (`QueuePair::lending`).
 //! - WRITE bandwidth: 1 MiB WRITEs, 32 outstanding, one direction; a final SEND tells the
 //!   server to stop.
 //!
@@ -278,6 +281,22 @@ pub fn send_client(args: &ChildArgs) -> anyhow::Result<Measured> {
     Ok(Measured::RoundTrips(rtts))
 }
 
+/// Where a WRITE ping-pong's message lands in its inbox: after room for a datagram's header,
+/// so that the inbox can be lent as a landing zone ([`QueuePair::expect_write`]).
+const INBOX_AT: usize = SEND_HEADROOM;
+
+/// The inbox of a WRITE ping-pong: the message's bytes after [`INBOX_AT`] bytes of room.
+fn alloc_inbox(pd: &ProtectionDomain, size: usize) -> anyhow::Result<MemoryRegion> {
+    Ok(pd.alloc_mr(INBOX_AT + size, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?)
+}
+
+/// What a WRITE ping-pong side tells its peer: where its message lands.
+fn announce_inbox(inbox: &MemoryRegion) -> Vec<u8> {
+    let mut data = (inbox.addr() + INBOX_AT as u64).to_le_bytes().to_vec();
+    data.extend_from_slice(&inbox.rkey().to_le_bytes());
+    data
+}
+
 /// WRITE ping-pong state of one side: its own region (the peer writes it), its source buffer
 /// and the peer's region.
 struct WriteSide {
@@ -308,12 +327,21 @@ impl WriteSide {
         Ok(())
     }
 
+    /// Lends the inbox to the engine for the peer's next message, as a memory-polling
+    /// application does to have the sockets engine receive it in place (the other engines
+    /// copy it there as usual). A refused loan (the message partly arrived) changes nothing.
+    fn lend(&self) -> anyhow::Result<()> {
+        self.qp.expect_write(&self.inbox, INBOX_AT, self.size, 0)?;
+        Ok(())
+    }
+
     /// Spins until the peer's message `seq` has landed, polling the queue (which, in caller
-    /// mode, is what places it).
+    /// mode, is what places it). The inbox is read only once the engine no longer has it on
+    /// loan.
     fn await_seq(&mut self, seq: u64) -> anyhow::Result<()> {
         let since = Instant::now();
         let mut spins = 0u32;
-        while self.inbox.load_u64(self.seq_offset()) != seq {
+        while self.qp.lending() || self.inbox.load_u64(INBOX_AT + self.seq_offset()) != seq {
             let n = poll(&self.cq, &mut self.buf)?;
             self.sends -= n as u64;
             spins += 1;
@@ -354,11 +382,13 @@ pub fn write_server(args: &ChildArgs) -> anyhow::Result<()> {
     let dev = open(args)?;
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(4096);
-    let inbox = pd.alloc_mr(args.case.size, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
-    let conn = serve(args, &pd, &cq, announce(&inbox))?;
+    let inbox = alloc_inbox(&pd, args.case.size)?;
+    let conn = serve(args, &pd, &cq, announce_inbox(&inbox))?;
     let mut side = write_side(args, &pd, cq, inbox, conn)?;
+    side.lend()?;
     for seq in 1..=args.total() {
         side.await_seq(seq)?;
+        side.lend()?;
         side.write(seq)?;
     }
     drain_sends(&side.cq, &mut side.sends)?;
@@ -372,12 +402,13 @@ pub fn write_client(args: &ChildArgs) -> anyhow::Result<Measured> {
     let dev = open(args)?;
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(4096);
-    let inbox = pd.alloc_mr(args.case.size, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
-    let conn = dial(args, &pd, &cq, announce(&inbox))?;
+    let inbox = alloc_inbox(&pd, args.case.size)?;
+    let conn = dial(args, &pd, &cq, announce_inbox(&inbox))?;
     let mut side = write_side(args, &pd, cq, inbox, conn)?;
     let mut rtts = RoundTrips::new();
     for seq in 1..=args.total() {
         let start = Instant::now();
+        side.lend()?;
         side.write(seq)?;
         side.await_seq(seq)?;
         let rtt = start.elapsed();
