@@ -185,6 +185,14 @@ impl Shared {
         state
     }
 
+    /// Locks the shared state for a query that changes nothing, so it leaves the state clean:
+    /// unlike [`Self::lock`], the next pass of the loop is not made to look for something to
+    /// send. For queries an application makes between polls (`QueuePair::lending`), where a
+    /// dirty state would make every poll a full pass.
+    pub(crate) fn lock_to_read(&self) -> MutexGuard<'_, State> {
+        self.lock_quiet()
+    }
+
     /// Locks the shared state for the loop itself (which leaves it clean). A lock poisoned by
     /// a panic that was not contained fails the engine (see `failure.rs`) instead of
     /// panicking here too.

@@ -378,6 +378,11 @@ impl State {
         }
     }
 
+    /// Whether queue pair `qpn` exists (its slot may be on its way out).
+    pub(crate) fn has_connection(&self, qpn: u32) -> bool {
+        self.conns.contains_key(&qpn)
+    }
+
     /// The state of connection `qpn` ([`ConnectionState::Closed`] once it is gone).
     pub(crate) fn connection_state(&self, qpn: u32) -> ConnectionState {
         self.conns

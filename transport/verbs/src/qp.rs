@@ -91,8 +91,9 @@ impl QueuePair {
     /// when the engine has delivered more (a write the application has not seen may lie in the
     /// zone), the loan is refused and `Ok(false)` returned; so it is while a write into those
     /// bytes (on any queue pair) is partly received: its first datagrams may lie there. Only the sockets engine uses the
-    /// zone; the others accept it and receive as usual. One zone per device: a new loan (from
-    /// any queue pair of the device) replaces the last.
+    /// zone; the others refuse every loan (`Ok(false)`) and receive as usual, and so does it
+    /// for a zone under [`crate::LANDING_MIN`] bytes, which a copy fills faster. One zone per
+    /// device: a new loan (from any queue pair of the device) replaces the last.
     pub fn expect_write(
         &self,
         mr: &crate::MemoryRegion,
