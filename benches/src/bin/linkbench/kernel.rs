@@ -45,6 +45,28 @@ fn udp_send(sock: &UdpSocket, data: &[u8], to: Option<SocketAddr>) -> anyhow::Re
     }
 }
 
+/// Calls the nonblocking `recv` until it returns a datagram, busy-polling; fails once
+/// `since` is [`crate::child::STALL`] ago (checked every [`SPINS_PER_CHECK`] spins).
+fn spin<T>(
+    mut recv: impl FnMut() -> std::io::Result<T>,
+    since: Instant,
+    spins: &mut u32,
+    what: &str,
+) -> anyhow::Result<T> {
+    loop {
+        match recv() {
+            Ok(got) => return Ok(got),
+            Err(e) if would_block(&e) => {
+                *spins += 1;
+                if *spins % SPINS_PER_CHECK == 0 {
+                    check_stall(since, what)?;
+                }
+            }
+            Err(e) => return Err(e).with_context(|| format!("receiving a UDP datagram ({what})")),
+        }
+    }
+}
+
 /// Echoes `total` messages, busy-polling: receives every datagram of one, then sends them all
 /// back.
 pub fn udp_server(args: &ChildArgs) -> anyhow::Result<()> {
@@ -59,18 +81,12 @@ pub fn udp_server(args: &ChildArgs) -> anyhow::Result<()> {
         let mut spins = 0u32;
         let mut from = None;
         for (buf, len) in bufs.iter_mut().zip(&mut lens) {
-            let (n, sender) = loop {
-                match sock.recv_from(buf) {
-                    Ok(got) => break got,
-                    Err(e) if would_block(&e) => {
-                        spins += 1;
-                        if spins % SPINS_PER_CHECK == 0 {
-                            check_stall(since, "waiting for a datagram")?;
-                        }
-                    }
-                    Err(e) => return Err(e).context("receiving a UDP datagram"),
-                }
-            };
+            let (n, sender) = spin(
+                || sock.recv_from(buf),
+                since,
+                &mut spins,
+                "waiting for a datagram",
+            )?;
             *len = n;
             from = Some(sender);
         }
@@ -102,18 +118,12 @@ pub fn udp_client(args: &ChildArgs) -> anyhow::Result<Measured> {
         let mut spins = 0u32;
         let mut echoed = 0;
         for _ in &lengths {
-            echoed += loop {
-                match sock.recv(&mut buf) {
-                    Ok(n) => break n,
-                    Err(e) if would_block(&e) => {
-                        spins += 1;
-                        if spins % SPINS_PER_CHECK == 0 {
-                            check_stall(start, "waiting for the echo")?;
-                        }
-                    }
-                    Err(e) => return Err(e).context("receiving the echo"),
-                }
-            };
+            echoed += spin(
+                || sock.recv(&mut buf),
+                start,
+                &mut spins,
+                "waiting for the echo",
+            )?;
         }
         let rtt = start.elapsed();
         ensure!(echoed == size, "echo of {echoed} bytes for {size}");
