@@ -531,20 +531,72 @@ impl Connection {
         path: usize,
         mem: &mut M,
     ) {
-        self.receive(now, datagram, path, mem);
+        self.receive(now, datagram, &[], path, mem);
         self.settle_timers();
     }
 
+    /// As [`Self::handle_datagram_on`], for a datagram received in two pieces: `head`, its
+    /// headers, and `payload`, the rest (see [`wire::decode_parts`]). A payload that already
+    /// lies where the message is placed is not copied (the [`Memory`] sees its own bytes).
+    pub fn handle_datagram_parts_on<M: Memory + ?Sized>(
+        &mut self,
+        now: Time,
+        head: &[u8],
+        payload: &[u8],
+        path: usize,
+        mem: &mut M,
+    ) {
+        self.receive(now, head, payload, path, mem);
+        self.settle_timers();
+    }
+
+    /// Where the payload of the next message would go if it is a SEND arriving in order with
+    /// its first packet: the buffer of the oldest posted receive, when no message is partly
+    /// received, nothing early is held and its key grants local write to all of it. A receiver
+    /// may receive a datagram straight into it (see the engine's receive landing): the buffer
+    /// is the transport's until its receive completes, so anything else that lands there is
+    /// only overwritten later.
+    /// Returns the region and the buffer's byte range in it.
+    pub fn next_receive_buffer<M: Memory + ?Sized>(
+        &self,
+        mem: &M,
+    ) -> Option<(RegionId, std::ops::Range<u64>)> {
+        if self.state != ConnectionState::Established || !self.rx.between_messages() {
+            return None;
+        }
+        let recv = self.rq.front()?;
+        if recv.local.len == 0 {
+            return None;
+        }
+        let at = mem
+            .table()
+            .check_local(
+                recv.local.lkey,
+                recv.local.addr,
+                recv.local.len,
+                Access::LOCAL_WRITE,
+            )
+            .ok()?;
+        Some((at.region, at.offset..at.offset + recv.local.len))
+    }
+
+    /// Decodes the datagram `datagram` followed by `tail` (empty unless it came in two pieces)
+    /// and acts on it.
     fn receive<M: Memory + ?Sized>(
         &mut self,
         now: Time,
         datagram: &[u8],
+        tail: &[u8],
         path: usize,
         mem: &mut M,
     ) {
         // The packet is used where it was decoded, by reference: it is some 200 bytes (an ACK
         // carries its SACK blocks inline), and each move was a `memcpy`.
-        let decoded = wire::decode(datagram);
+        let decoded = if tail.is_empty() {
+            wire::decode(datagram)
+        } else {
+            wire::decode_parts(datagram, tail)
+        };
         let packet = match &decoded {
             Ok(packet) => packet,
             Err(wire::DecodeError::BadCrc) => {
@@ -597,6 +649,7 @@ impl Connection {
                 let arrival = Arrival {
                     packet,
                     datagram,
+                    tail,
                     path,
                 };
                 self.handle_established(now, &arrival, mem);

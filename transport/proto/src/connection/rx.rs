@@ -22,11 +22,13 @@ use crate::wire::{self, ErrorCode, Ext, NakCode, Packet, SackBlock, SackList, Se
 use crate::work::WcStatus;
 
 /// A datagram from the peer that passed decoding and addressing, as the receive path hands it
-/// on: the decoded packet, the bytes it was decoded from (an early packet is stashed as such)
-/// and the path it came in on.
+/// on: the decoded packet, the bytes it was decoded from (an early packet is stashed as such:
+/// `datagram` then `tail`, the payload when the datagram came in two pieces) and the path it
+/// came in on.
 pub(super) struct Arrival<'a> {
     pub packet: &'a Packet<'a>,
     pub datagram: &'a [u8],
+    pub tail: &'a [u8],
     pub path: usize,
 }
 
@@ -122,8 +124,9 @@ impl RxStream {
         }
     }
 
-    /// Keeps an early packet; false when the stash is full or already holds it.
-    fn stash(&mut self, psn: Psn, segment: Option<Segment>, datagram: &[u8]) -> bool {
+    /// Keeps an early packet (the datagram `datagram` followed by `tail`, in one piece); false
+    /// when the stash is full or already holds it.
+    fn stash(&mut self, psn: Psn, segment: Option<Segment>, datagram: &[u8], tail: &[u8]) -> bool {
         if self.stash.len() >= STASH_LIMIT {
             return false;
         }
@@ -134,6 +137,7 @@ impl RxStream {
         let mut buf = self.spare.pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(datagram);
+        buf.extend_from_slice(tail);
         self.stash.insert(at, (psn, segment, buf));
         true
     }
@@ -166,6 +170,12 @@ impl RxStream {
             at.region,
             at.offset..at.offset.saturating_add(message.msg_len),
         ))
+    }
+
+    /// Whether no message is partly received and no early packet is held: the next message
+    /// to arrive starts fresh, in order.
+    pub fn between_messages(&self) -> bool {
+        self.current.is_none() && self.stash.is_empty()
     }
 
     /// The receive the message in progress consumed (a SEND's, or a WRITE_WITH_IMM's), if
@@ -433,7 +443,7 @@ impl Connection {
         }
         let segment = packet.ext.segment().copied();
         if !self.belongs(psn, segment.as_ref()) {
-            if self.rx.stash(psn, segment, arrival.datagram) {
+            if self.rx.stash(psn, segment, arrival.datagram, arrival.tail) {
                 self.stats.out_of_order_stashed += 1;
                 // SACK what is held, so the sender resends only the gap.
                 self.ack.ack_now();

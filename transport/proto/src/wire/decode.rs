@@ -6,7 +6,7 @@ use thiserror::Error;
 use super::opcode::{ErrorCode, NakCode, Opcode};
 use super::{
     COMMON_HEADER_LEN, Ext, Handshake, Header, KNOWN_FLAGS, MAGIC, MAX_SACK_BLOCKS, Remote,
-    SackBlock, SackList, Segment, VERSION, crc_of,
+    SackBlock, SackList, Segment, VERSION, crc_of, crc_of_parts,
 };
 use crate::codec::{Reader, u16_at, u32_at, u64_at};
 use crate::seq::Psn;
@@ -73,9 +73,26 @@ impl Packet<'_> {
 
 /// Decodes one datagram. Never panics, never reads outside `datagram`.
 pub fn decode(datagram: &[u8]) -> Result<Packet<'_>, DecodeError> {
-    if datagram.len() < COMMON_HEADER_LEN {
-        return Err(DecodeError::TooShort(datagram.len()));
+    decode_from(datagram, &[])
+}
+
+/// Decodes a datagram that was received in two pieces: `head`, exactly its common and
+/// extension headers, and `payload`, the rest (a SEND received straight into the buffer of the
+/// receive it is for). Checks everything [`decode`] checks, over the same bytes, and rejects a
+/// `head` that is not exactly the headers its opcode has. Never panics, never reads outside
+/// the two slices.
+pub fn decode_parts<'a>(head: &'a [u8], payload: &'a [u8]) -> Result<Packet<'a>, DecodeError> {
+    decode_from(head, payload)
+}
+
+/// Decodes the datagram `bytes` followed by `tail`; a non-empty `tail` must start where the
+/// headers end.
+fn decode_from<'a>(bytes: &'a [u8], tail: &'a [u8]) -> Result<Packet<'a>, DecodeError> {
+    let total = bytes.len() + tail.len();
+    if bytes.len() < COMMON_HEADER_LEN {
+        return Err(DecodeError::TooShort(total));
     }
+    let datagram = bytes;
     let mut r = Reader::new(datagram);
     let magic = [r.u8().unwrap_or(0), r.u8().unwrap_or(0)];
     if magic != MAGIC {
@@ -87,7 +104,12 @@ pub fn decode(datagram: &[u8]) -> Result<Packet<'_>, DecodeError> {
     }
     let opcode_byte = r.u8().ok_or(DecodeError::TooShort(datagram.len()))?;
     let crc = r.u32().ok_or(DecodeError::TooShort(datagram.len()))?;
-    if crc != crc_of(datagram) {
+    let computed = if tail.is_empty() {
+        crc_of(datagram)
+    } else {
+        crc_of_parts(datagram, |feed| feed(tail))
+    };
+    if crc != computed {
         return Err(DecodeError::BadCrc);
     }
     let opcode = Opcode::from_u8(opcode_byte).ok_or(DecodeError::UnknownOpcode(opcode_byte))?;
@@ -103,11 +125,16 @@ pub fn decode(datagram: &[u8]) -> Result<Packet<'_>, DecodeError> {
     }
     let ext_len = opcode.ext_len();
     let declared = COMMON_HEADER_LEN + ext_len + payload_len;
-    if declared != datagram.len() {
+    if declared != total {
         return Err(DecodeError::LengthMismatch {
             declared,
-            actual: datagram.len(),
+            actual: total,
         });
+    }
+    if !tail.is_empty() && datagram.len() != COMMON_HEADER_LEN + ext_len {
+        return Err(DecodeError::Malformed(
+            "a datagram received in two pieces must be cut where its headers end",
+        ));
     }
     if payload_len > 0 && !opcode.carries_payload() {
         return Err(DecodeError::Malformed(
@@ -123,7 +150,11 @@ pub fn decode(datagram: &[u8]) -> Result<Packet<'_>, DecodeError> {
         flags,
     };
     let payload_start = COMMON_HEADER_LEN + ext_len;
-    let payload = datagram.get(payload_start..).ok_or(short)?;
+    let payload = if tail.is_empty() {
+        datagram.get(payload_start..).ok_or(short)?
+    } else {
+        tail
+    };
     let head = datagram.get(..payload_start).ok_or(short)?;
     let ext = decode_ext(&mut r, opcode, payload)?;
     if let Some(seg) = ext.segment() {
@@ -268,6 +299,25 @@ pub struct WriteTarget {
     pub addr: u64,
     /// Payload bytes the header declares.
     pub payload_len: usize,
+}
+
+/// Bytes in front of a SEND's payload: the common header and the segment.
+pub const SEND_HEADER_LEN: usize = COMMON_HEADER_LEN + 24;
+
+/// Reads, from the first [`SEND_HEADER_LEN`] bytes of a datagram, whether it is the first
+/// packet of a SEND (its payload is the message's first bytes) and if so the destination queue
+/// pair and the payload length its header declares. Checks nothing but the magic, version and
+/// opcode, as [`peek_write_target`]: for choosing where a datagram goes, never for believing it.
+pub fn peek_send_start(head: &[u8]) -> Option<(u32, usize)> {
+    let head = head.get(..SEND_HEADER_LEN)?;
+    if head[..2] != MAGIC || head[2] != VERSION || head[3] != Opcode::Send as u8 {
+        return None;
+    }
+    // The segment's offset follows its first PSN and immediate (see `write_header`).
+    if u64_at(head, COMMON_HEADER_LEN + 8)? != 0 {
+        return None;
+    }
+    Some((u32_at(head, 16)?, usize::from(u16_at(head, 30)?)))
 }
 
 /// The length of the packet at the front of `bytes`, as its common header declares it: the

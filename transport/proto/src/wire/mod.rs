@@ -10,7 +10,10 @@ mod decode;
 mod encode;
 mod opcode;
 
-pub use decode::{DecodeError, Packet, WriteTarget, decode, is_ack, packet_len, peek_write_target};
+pub use decode::{
+    DecodeError, Packet, SEND_HEADER_LEN, WriteTarget, decode, decode_parts, is_ack, packet_len,
+    peek_send_start, peek_write_target,
+};
 pub use encode::{crc_of, crc_of_parts, seal, seal_parts, write_header};
 
 pub use opcode::{ErrorCode, NakCode, Opcode};

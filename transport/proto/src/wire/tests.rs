@@ -285,6 +285,31 @@ fn peek_write_target_reads_what_write_header_wrote_and_nothing_else() {
     }
 }
 
+#[test]
+fn peek_send_start_finds_the_first_packet_of_a_send_and_nothing_else() {
+    assert_eq!(SEND_HEADER_LEN, COMMON_HEADER_LEN + Opcode::Send.ext_len());
+    for (ext, payload) in sample_exts() {
+        for offset in [0, 16] {
+            let mut ext = ext;
+            if let Ext::Send(seg) | Ext::Write(seg, _) | Ext::WriteWithImm(seg, _) = &mut ext {
+                seg.offset = offset;
+                seg.msg_len = offset + payload.len() as u64;
+            }
+            let datagram = encode(&ext, &payload);
+            let peeked = peek_send_start(&datagram);
+            if matches!(ext, Ext::Send(_)) && offset == 0 {
+                assert_eq!(peeked, Some((42, payload.len())), "{ext:?}");
+                assert_eq!(peek_send_start(&datagram[..SEND_HEADER_LEN - 1]), None);
+                let mut bad = datagram.clone();
+                bad[2] ^= 1;
+                assert_eq!(peek_send_start(&bad), None, "bad version");
+            } else {
+                assert_eq!(peeked, None, "{ext:?} at offset {offset}");
+            }
+        }
+    }
+}
+
 /// Packets back to back in one datagram are found by their declared lengths, each of which
 /// `decode` then accepts alone; `is_ack` tells an ACK from the rest.
 #[test]
@@ -350,5 +375,64 @@ fn every_length_gets_the_crc_of_exactly_what_it_covers() {
                 "{len} bytes in two parts, flags {digest}"
             );
         }
+    }
+}
+
+/// A datagram received in two pieces (headers, then payload) decodes exactly as the whole,
+/// with or without a data digest, and only when it is cut where its headers end.
+#[test]
+fn a_datagram_in_two_pieces_decodes_as_the_whole_and_only_when_cut_after_its_headers() {
+    let long = (0..3000u32).map(|i| (i * 13 + 1) as u8).collect::<Vec<_>>();
+    for (ext, payload) in sample_exts() {
+        for payload in [payload, long.clone()] {
+            if payload.is_empty() || !ext.opcode().carries_data() {
+                continue;
+            }
+            for digest in [0, FLAG_DATA_DIGEST] {
+                let mut ext = ext;
+                if let Ext::Send(seg)
+                | Ext::Write(seg, _)
+                | Ext::WriteWithImm(seg, _)
+                | Ext::ReadResponse(seg) = &mut ext
+                {
+                    seg.offset = 0;
+                    seg.msg_len = payload.len() as u64;
+                }
+                let bytes = encode_with(&ext, &payload, digest);
+                let cut = bytes.len() - payload.len();
+                let whole = decode(&bytes).unwrap_or_else(|e| panic!("{ext:?}: {e}"));
+                let parts = decode_parts(&bytes[..cut], &bytes[cut..])
+                    .unwrap_or_else(|e| panic!("{ext:?} in two pieces: {e}"));
+                assert_eq!(parts, whole);
+                for wrong in [cut - 1, cut + 1] {
+                    assert!(
+                        decode_parts(&bytes[..wrong], &bytes[wrong..]).is_err(),
+                        "{ext:?} cut at {wrong} instead of {cut} accepted"
+                    );
+                }
+                // A flipped header bit is caught; so is a flipped payload bit under a digest.
+                for at in [0, 3, 5, cut - 1, cut, bytes.len() - 1] {
+                    let mut bad = bytes.clone();
+                    bad[at] ^= 0x10;
+                    let decoded = decode_parts(&bad[..cut], &bad[cut..]);
+                    if at >= cut && digest == 0 {
+                        assert!(decoded.is_ok(), "{ext:?}: payload byte {at}");
+                    } else {
+                        assert!(decoded.is_err(), "{ext:?}, flags {digest}: byte {at}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_pieces_never_panic(
+        bytes in proptest::collection::vec(any::<u8>(), 0..200),
+        cut in 0usize..200,
+    ) {
+        let cut = cut.min(bytes.len());
+        let _ = decode_parts(&bytes[..cut], &bytes[cut..]);
     }
 }
