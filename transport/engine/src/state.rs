@@ -27,7 +27,7 @@ use tbrdma_proto::{
 };
 
 use crate::cq::{Completion, CqShared};
-use crate::io::{DatagramIo, Landing, RegionPart, TxBatch};
+use crate::io::{DatagramIo, EngineKind, Expect, Landing, Received, RegionPart, TxBatch};
 use crate::memory::{Arena, Buffer};
 
 /// Bytes in front of a send payload that a queue pair with send headroom (`QueuePair::set_send_headroom` in tbrdma-verbs) lets the
@@ -186,6 +186,13 @@ pub(crate) struct State {
     /// device per neighbour), and the protection domain of its region.
     landing: Option<Landing>,
     landing_pd: usize,
+    /// When no zone is lent: the buffer of the next receive a SEND would take, to receive the
+    /// next datagram into (see [`Self::find_receive_landing`]), and its protection domain.
+    receive_landing: Option<Landing>,
+    receive_landing_pd: usize,
+    /// Whether `receive_landing` may be out of date: set by whatever may change which receive
+    /// is next (a post, a datagram received, a deadline, any lock that marks the state dirty).
+    receive_landing_stale: bool,
 }
 
 /// A rail socket's association. A socket whose connections all talk to one peer is connected
@@ -241,6 +248,9 @@ impl State {
             data_digest,
             landing: None,
             landing_pd: 0,
+            receive_landing: None,
+            receive_landing_pd: 0,
+            receive_landing_stale: true,
         }
     }
 
@@ -292,6 +302,7 @@ impl State {
 
     /// Posts receive buffers on queue pair `qpn`; see [`Self::post_work`].
     pub(crate) fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr]) -> Result<(), PostFailed> {
+        self.receive_landing_stale = true;
         self.post_work(qpn, wrs, Queue::Recv, |conn, arena, wr| {
             conn.post_recv(*wr)?;
             Ok(region_of(arena, wr.local))
@@ -353,8 +364,10 @@ impl State {
                 SEND_HEADROOM + room,
             ),
             region: zone.region,
-            rkey: zone.rkey,
-            addr,
+            expect: Expect::Write {
+                rkey: zone.rkey,
+                addr,
+            },
         };
         Some(self.set_landing(pd, Some(landing), seen))
     }
@@ -641,41 +654,59 @@ impl State {
         rails: &mut [Box<dyn DatagramIo>],
         now: Time,
     ) -> io::Result<bool> {
+        if self.landing.is_none() && (self.receive_landing_stale || self.dirty) {
+            self.find_receive_landing(rails);
+        }
         let State {
             conns,
             arenas,
             stats,
             landing,
             landing_pd,
+            receive_landing,
+            receive_landing_pd,
+            receive_landing_stale,
             ..
         } = self;
         let mut received = 0;
         for (rail, io) in rails.iter_mut().enumerate() {
             let lent = landing.is_some();
-            received += io.recv(landing, &mut |datagram: &[u8], from| {
+            // A zone lent for a WRITE comes first; otherwise the next receive's buffer, if any.
+            let zone = if lent {
+                &mut *landing
+            } else {
+                &mut *receive_landing
+            };
+            let into_receive = !lent && zone.is_some();
+            let got = io.recv(zone, &mut |datagram: Received<'_>, from| {
+                if !datagram.tail.is_empty() {
+                    // The expected SEND's first packet, its payload in the receive's buffer:
+                    // one packet, whose headers say which queue pair.
+                    deliver_packet(conns, arenas, stats, rail, from, now, datagram);
+                    return;
+                }
                 // A datagram may hold several packets back to back (`TxBatch::commit_coalescing`),
                 // each for its own queue pair and checked on its own; a length that does not
                 // parse, or runs past the end, leaves the rest as one packet, which then fails
                 // to decode.
-                let mut rest = datagram;
+                let mut rest = datagram.head;
                 while !rest.is_empty() {
                     let len = wire::packet_len(rest)
                         .filter(|&n| n < rest.len())
                         .unwrap_or(rest.len());
                     let (data, tail) = rest.split_at(len);
                     rest = tail;
-                    let qpn = data
-                        .get(16..20)
-                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                    match qpn.and_then(|q| conns.get_mut(&q)) {
-                        Some(slot) if slot.peers.get(rail) == Some(&from) => {
-                            slot.conn
-                                .handle_datagram_on(now, data, rail, &mut arenas[slot.pd]);
-                        }
-                        _ => stats.foreign_datagrams += 1,
-                    }
+                    let packet = Received::whole(data);
+                    deliver_packet(conns, arenas, stats, rail, from, now, packet);
                 }
             })?;
+            received += got;
+            if into_receive && got > 0 {
+                // The receive may be taken now, or another come first: look again next pass.
+                stats.landed_in_place += arenas[*receive_landing_pd].take_in_place();
+                *receive_landing = None;
+                *receive_landing_stale = true;
+            }
             // A write placed into the zone (received there, or copied in) ends the loan, and
             // so does a datagram too long for it (the backend dropped the zone).
             if lent && (landing.is_none() || arenas[*landing_pd].watch_hit()) {
@@ -687,6 +718,7 @@ impl State {
         }
         let deadline_due = self.next_deadline.is_some_and(|d| d <= now);
         if deadline_due {
+            self.receive_landing_stale = true;
             for slot in self.conns.values_mut() {
                 if slot.conn.poll_timeout().is_some_and(|d| d <= now) {
                     slot.conn.handle_timeout(now);
@@ -704,6 +736,49 @@ impl State {
             self.stats.busy_iterations += 1;
         }
         Ok(busy)
+    }
+
+    /// Finds the buffer the next datagram is best received into when no zone is lent: that of
+    /// the oldest receive posted on a connection that expects a new message (see
+    /// `Connection::next_receive_buffer`), at least 1 KiB long (a short payload
+    /// is copied faster than it is received in three pieces, see `worker::LANDING_MIN`), up to one datagram's payload.
+    /// Only the sockets backend receives there.
+    fn find_receive_landing(&mut self, rails: &[Box<dyn DatagramIo>]) {
+        self.receive_landing_stale = false;
+        self.receive_landing = None;
+        if rails
+            .first()
+            .is_none_or(|io| io.kind() != EngineKind::Sockets)
+        {
+            return;
+        }
+        for (&qpn, slot) in &self.conns {
+            if slot.detached {
+                continue;
+            }
+            let arena = &self.arenas[slot.pd];
+            let Some((region, bytes)) = slot.conn.next_receive_buffer(arena) else {
+                continue;
+            };
+            let len = (bytes.end - bytes.start).min(u64::from(slot.conn.max_payload())) as usize;
+            let start = bytes.start as usize;
+            let Some(buffer) = arena.buffer(region) else {
+                continue;
+            };
+            if len < crate::worker::LANDING_MIN
+                || start.checked_add(len).is_none_or(|end| end > buffer.len())
+            {
+                continue;
+            }
+            self.receive_landing = Some(Landing {
+                qpn,
+                zone: RegionPart::new(Arc::clone(buffer), start, len),
+                region,
+                expect: Expect::Send,
+            });
+            self.receive_landing_pd = slot.pd;
+            return;
+        }
     }
 
     /// Transmits whatever the connections have to send and routes their completions and
@@ -859,6 +934,35 @@ impl State {
         self.next_deadline = None;
         self.acks_held = false;
         self.dirty = false;
+    }
+}
+
+/// Hands one packet (`packet`, received on `rail` from `from`) to the connection its header
+/// names, if that connection's peer on the rail is the sender; counts it as foreign otherwise.
+fn deliver_packet(
+    conns: &mut HashMap<u32, Slot>,
+    arenas: &mut [Arena],
+    stats: &mut EngineStats,
+    rail: usize,
+    from: SocketAddr,
+    now: Time,
+    packet: Received<'_>,
+) {
+    let qpn = packet
+        .head
+        .get(16..20)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    match qpn.and_then(|q| conns.get_mut(&q)) {
+        Some(slot) if slot.peers.get(rail) == Some(&from) => {
+            let arena = &mut arenas[slot.pd];
+            if packet.tail.is_empty() {
+                slot.conn.handle_datagram_on(now, packet.head, rail, arena);
+            } else {
+                slot.conn
+                    .handle_datagram_parts_on(now, packet.head, packet.tail, rail, arena);
+            }
+        }
+        _ => stats.foreign_datagrams += 1,
     }
 }
 

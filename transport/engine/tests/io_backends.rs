@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tbrdma_engine::io::packet::{PacketIo, RING_FRAMES};
 use tbrdma_engine::io::sockets::SocketIo;
 use tbrdma_engine::io::uring::{UringConfig, UringIo};
-use tbrdma_engine::io::{DatagramIo, EngineKind, TxBatch, open};
+use tbrdma_engine::io::{DatagramIo, EngineKind, Received, TxBatch, open};
 use tbrdma_engine::probe::probe;
 use tbrdma_engine::socket::{bind_udp, buffer_sizes};
 
@@ -88,7 +88,8 @@ fn receive_all(rx: &mut dyn DatagramIo, expected: &mut HashMap<Vec<u8>, usize>, 
             expected.len()
         );
         let mut wrong = Vec::new();
-        rx.recv(&mut None, &mut |bytes: &[u8], src| {
+        rx.recv(&mut None, &mut |datagram: Received<'_>, src| {
+            let bytes = &datagram.to_vec()[..];
             if src != from {
                 wrong.push(format!(
                     "datagram of {} bytes from {src}, expected {from}",
@@ -299,7 +300,8 @@ fn wait_returns_when_data_is_already_there() {
         while got == 0 {
             rx.wait(HANG_GUARD, wake.as_fd()).unwrap();
             got += rx
-                .recv(&mut None, &mut |bytes: &[u8], _| {
+                .recv(&mut None, &mut |datagram: Received<'_>, _| {
+                    let bytes = &datagram.to_vec()[..];
                     assert_eq!(bytes, b"ready")
                 })
                 .unwrap();
@@ -323,7 +325,8 @@ fn wait_returns_when_data_arrives_later() {
         while got == 0 {
             rx.wait(HANG_GUARD, wake.as_fd()).unwrap();
             got += rx
-                .recv(&mut None, &mut |bytes: &[u8], _| {
+                .recv(&mut None, &mut |datagram: Received<'_>, _| {
+                    let bytes = &datagram.to_vec()[..];
                     assert_eq!(bytes, b"later")
                 })
                 .unwrap();
@@ -487,8 +490,10 @@ fn a_uring_ring_opened_on_one_thread_receives_when_polled_on_another() {
         let deadline = Instant::now() + HANG_GUARD;
         let mut got = Vec::new();
         while got.is_empty() {
-            rx.recv(&mut None, &mut |data, _| got.extend_from_slice(data))
-                .unwrap();
+            rx.recv(&mut None, &mut |data: Received<'_>, _| {
+                got.extend_from_slice(&data.to_vec())
+            })
+            .unwrap();
             assert!(
                 Instant::now() < deadline,
                 "the poller never saw the datagram"
@@ -557,7 +562,9 @@ fn packet_backend_moves_every_size_and_wakes_on_data() {
         rx.wait(HANG_GUARD, wake_tx.as_fd()).unwrap();
         let mut got = Vec::new();
         if rx
-            .recv(&mut None, &mut |d, f| got.push((d.to_vec(), f)))
+            .recv(&mut None, &mut |d: Received<'_>, f| {
+                got.push((d.to_vec(), f))
+            })
             .unwrap()
             > 0
         {

@@ -312,3 +312,90 @@ fn no_zone_is_lent_over_a_write_partly_received() {
     assert_eq!(p.target_bytes(to, len), data[..len]);
     assert!(qp.expect_write(&p.target, to, len, 1).unwrap());
 }
+
+/// Posts a receive of `len` bytes at `at` of the server's target and sends `data` into it from
+/// the client's source; returns the server's completion (not checked) once both sides have one.
+fn send_into(p: &Pair, at: usize, len: usize, data: &[u8], id: u64) -> Completion {
+    p.src.write(0, data);
+    p.server
+        .qp
+        .post_recv(&[RecvWr {
+            wr_id: id,
+            local: p.target.sge(at, len),
+        }])
+        .unwrap();
+    p.client
+        .qp
+        .post_send(&[SendWr {
+            wr_id: id,
+            local: p.src.sge(0, data.len()),
+            op: SendOp::Send { imm: None },
+        }])
+        .unwrap();
+    let mut buf = [Completion::default(); 1];
+    let start = Instant::now();
+    let got = loop {
+        assert!(start.elapsed() < Duration::from_secs(10), "no receive");
+        if p.server_cq.poll(&mut buf).unwrap() == 1 {
+            break buf[0];
+        }
+    };
+    while p.client_cq.poll(&mut buf).unwrap() == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no send completion"
+        );
+    }
+    got
+}
+
+/// A SEND's first datagram is received straight into the buffer of the receive it is for
+/// (the headers apart, in the engine's buffer); anything else that arrives while a receive is
+/// posted is copied out and handled as usual, and nothing outside a posted buffer is written.
+#[test]
+fn a_send_is_received_into_the_posted_buffer_and_anything_else_is_copied_out() {
+    let p = pair();
+    let guard = pattern(REGION, 99);
+    p.target.write(0, &guard);
+
+    // One datagram, into a larger buffer: in place, and only its bytes changed.
+    let data = pattern(16 << 10, 1);
+    let got = send_into(&p, 4096, 64 << 10, &data, 1);
+    assert_eq!(got.wc.status, WcStatus::Success);
+    assert_eq!(got.wc.byte_len as usize, data.len());
+    assert_eq!(p.target_bytes(4096, data.len()), data);
+    assert_eq!(p.target_bytes(0, 4096), guard[..4096]);
+    let first = p.landed();
+    assert!(first >= 1, "the SEND was received in place");
+
+    // A WRITE_WITH_IMM while a receive is posted: it consumes the receive, lands where it is
+    // addressed, and the bytes outside the receive's buffer and the write's target are intact.
+    let write = pattern(20_000, 2);
+    p.src.write(0, &write);
+    p.write(0, 200_000, write.len(), 2);
+    assert_eq!(p.target_bytes(200_000, write.len()), write);
+    assert_eq!(p.target_bytes(0, 4096), guard[..4096]);
+
+    // Several datagrams: the first in place, the rest placed after it.
+    let long = pattern(200_000, 3);
+    let got = send_into(&p, 300_000, 256 << 10, &long, 3);
+    assert_eq!(got.wc.status, WcStatus::Success);
+    assert_eq!(p.target_bytes(300_000, long.len()), long);
+    assert!(
+        p.landed() > first,
+        "the first datagram was received in place"
+    );
+    let end = 300_000 + (256 << 10);
+    assert_eq!(p.target_bytes(end, REGION - end), guard[end..]);
+
+    // Too long for the buffer: the receive fails as verbs says, and not a byte past the
+    // buffer was written (the kernel put the datagram's rest in the engine's buffer).
+    let too_long = pattern(3000, 4);
+    let got = send_into(&p, 100_000, 2048, &too_long, 4);
+    assert_eq!(got.wc.status, WcStatus::LocalLength);
+    let past = 100_000 + 2048;
+    assert!(
+        p.target_bytes(past, 4096) == guard[past..past + 4096],
+        "bytes past the receive's buffer were written"
+    );
+}

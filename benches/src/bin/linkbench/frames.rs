@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use tbrdma_engine::io::packet::PacketIo;
-use tbrdma_engine::io::{DatagramIo, TxBatch};
+use tbrdma_engine::io::{DatagramIo, Received, TxBatch};
 
 use crate::child::{ChildArgs, Measured, RoundTrips, check_stall, datagram_lengths, ready};
 
@@ -79,7 +79,13 @@ fn receive(
     let since = Instant::now();
     let mut polls = 0u32;
     loop {
-        if io.recv(&mut None, each).context("receiving a frame")? > 0 {
+        // (The packet backend delivers every datagram in one piece: `head` is all of it.)
+        let mut whole = |datagram: Received<'_>, from| each(datagram.head, from);
+        if io
+            .recv(&mut None, &mut whole)
+            .context("receiving a frame")?
+            > 0
+        {
             return Ok(true);
         }
         polls += 1;

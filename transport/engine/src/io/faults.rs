@@ -27,7 +27,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{DatagramIo, EngineKind, Landing, TxBatch};
+use super::{DatagramIo, EngineKind, Landing, Received, TxBatch};
 
 /// Environment variable read when the engine's configuration names no fault plan.
 pub const FAULTS_ENV: &str = "TBRDMA_FAULTS";
@@ -397,10 +397,10 @@ impl Faults {
     /// Applies the plan to one received datagram; returns how many datagrams it delivered.
     fn receive(
         &mut self,
-        data: &[u8],
+        data: Received<'_>,
         from: SocketAddr,
         now: Instant,
-        deliver: &mut dyn FnMut(&[u8], SocketAddr),
+        deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
     ) -> usize {
         self.received += 1;
         if self.plan.panic_after == Some(self.received) {
@@ -417,7 +417,7 @@ impl Faults {
         if let Some(after) = fate.duplicate_after {
             // The copy is the datagram as it left: only the first delivery is corrupted.
             if let Some(copy) = self.hold(now + after, from, data.to_vec()) {
-                deliver(&copy, from);
+                deliver(Received::whole(&copy), from);
                 delivered += 1;
             }
         }
@@ -430,23 +430,27 @@ impl Faults {
             self.flip_bits(&mut bytes);
         }
         if fate.hold.is_zero() {
-            deliver(&bytes, from);
+            deliver(Received::whole(&bytes), from);
             return delivered + 1;
         }
         if let Some(bytes) = self.hold(now + fate.hold, from, bytes) {
-            deliver(&bytes, from);
+            deliver(Received::whole(&bytes), from);
             delivered += 1;
         }
         delivered
     }
 
     /// Delivers every held datagram whose time has come; returns how many.
-    fn release(&mut self, now: Instant, deliver: &mut dyn FnMut(&[u8], SocketAddr)) -> usize {
+    fn release(
+        &mut self,
+        now: Instant,
+        deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
+    ) -> usize {
         let mut released = 0;
         while self.held.peek().is_some_and(|h| h.0.release <= now) {
             let Reverse(held) = self.held.pop().expect("peeked");
             self.held_bytes -= held.bytes.len();
-            deliver(&held.bytes, held.from);
+            deliver(Received::whole(&held.bytes), held.from);
             released += 1;
         }
         released
@@ -472,7 +476,7 @@ impl DatagramIo for FaultyIo {
     fn recv(
         &mut self,
         landing: &mut Option<Landing>,
-        deliver: &mut dyn FnMut(&[u8], SocketAddr),
+        deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
     ) -> io::Result<usize> {
         let FaultyIo { inner, faults } = self;
         let now = Instant::now();
@@ -565,11 +569,11 @@ mod tests {
         let mut faults = FaultyIo::new(Box::new(Nothing), plan, 0).faults;
         let start = faults.opened;
         let mut out = Vec::new();
-        let mut deliver = |d: &[u8], _from: SocketAddr| out.push(d.to_vec());
+        let mut deliver = |d: Received<'_>, _from: SocketAddr| out.push(d.to_vec());
         for i in 0..count {
             let now = start + step * i;
             faults.release(now, &mut deliver);
-            faults.receive(&i.to_le_bytes(), from, now, &mut deliver);
+            faults.receive(Received::whole(&i.to_le_bytes()), from, now, &mut deliver);
         }
         faults.release(start + step * count + Duration::from_secs(2), &mut deliver);
         assert_eq!(faults.held_bytes, 0, "everything held came out");
@@ -649,11 +653,11 @@ mod tests {
             FaultyIo::new(Box::new(Nothing), FaultPlan::parse("delay=1ms").unwrap(), 0).faults;
         let now = faults.opened;
         let mut out = 0usize;
-        let mut deliver = |_: &[u8], _: SocketAddr| out += 1;
+        let mut deliver = |_: Received<'_>, _: SocketAddr| out += 1;
         let big = vec![0u8; 60_000];
         // More than the queue may hold: the rest passes through at once.
         for _ in 0..200 {
-            faults.receive(&big, from, now, &mut deliver);
+            faults.receive(Received::whole(&big), from, now, &mut deliver);
         }
         assert!(faults.held_bytes <= MAX_HELD_BYTES);
         let passed = 200 - faults.held.len();
@@ -685,7 +689,7 @@ mod tests {
         fn recv(
             &mut self,
             _landing: &mut Option<Landing>,
-            _deliver: &mut dyn FnMut(&[u8], SocketAddr),
+            _deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
         ) -> io::Result<usize> {
             Ok(0)
         }

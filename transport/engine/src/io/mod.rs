@@ -138,38 +138,99 @@ impl RegionPart {
     }
 }
 
-/// Where the next datagram of a socket may be received: straight into a registered region, at
-/// the place a write the application expects will put its payload, the header's bytes in front
-/// of it. When the datagram is that write, its payload is then already in place and the engine
-/// copies nothing; anything else is copied out of the zone and handled as usual. The
-/// application lends the zone (see `QueuePair::expect_write` in tbrdma-verbs) until a write
-/// lands there or the next receive completion of its queue pair.
+/// Where the next datagram of a socket may be received: straight into a registered region,
+/// where the message the engine expects next will put its payload. When the datagram is that
+/// message's packet, its payload is then already in place and the engine copies nothing;
+/// anything else is copied out of the zone and handled as usual. Two kinds ([`Expect`]): a
+/// zone the application lends for a WRITE, and the buffer of the oldest posted receive.
 #[derive(Clone, Debug)]
 pub struct Landing {
-    /// The queue pair the write is for.
+    /// The queue pair the message is for.
     pub qpn: u32,
-    /// The bytes lent: [`tbrdma_proto::wire::MAX_HEADER_LEN`] for the header, then room for
-    /// one datagram's payload.
+    /// The bytes to receive into (see [`Expect`] for what they hold).
     pub zone: RegionPart,
     /// The region the zone lies in, for watching placements into it.
     pub region: tbrdma_proto::RegionId,
-    /// Remote key and address of the zone's first payload byte, as the peer names them.
-    pub rkey: u32,
-    /// See `rkey`.
-    pub addr: u64,
+    /// What the zone is for.
+    pub expect: Expect,
+}
+
+/// What a [`Landing`] zone expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// A WRITE, in a zone the application lends (see `QueuePair::expect_write` in
+    /// tbrdma-verbs) until a write lands there or the next receive completion of its queue
+    /// pair: [`tbrdma_proto::wire::MAX_HEADER_LEN`] bytes for the header, then room for one
+    /// datagram's payload, whose first byte the peer names by `rkey` and `addr`.
+    Write {
+        /// Remote key of the zone's first payload byte, as the peer names it.
+        rkey: u32,
+        /// Its address, as the peer names it.
+        addr: u64,
+    },
+    /// The first packet of a SEND for the oldest receive posted on the queue pair: the zone is
+    /// that receive's buffer (the transport's until the receive completes), and the headers
+    /// ([`tbrdma_proto::wire::SEND_HEADER_LEN`] bytes) are received apart from it.
+    Send,
 }
 
 impl Landing {
-    /// Whether the `len`-byte datagram that starts with `head` is the expected write, so that
-    /// its payload lies where it belongs (the checksum and everything else are still checked
-    /// when it is decoded; this only decides whether to copy it out first).
+    /// Whether the `len`-byte datagram that starts with `head` is the expected message's
+    /// packet, so that its payload lies where it belongs (the checksum and everything else are
+    /// still checked when it is decoded; this only decides whether to copy it out first).
     pub fn is_expected(&self, head: &[u8], len: usize) -> bool {
-        tbrdma_proto::wire::peek_write_target(head).is_some_and(|t| {
-            t.dest_qpn == self.qpn
-                && t.rkey == self.rkey
-                && t.addr == self.addr
-                && tbrdma_proto::wire::MAX_HEADER_LEN + t.payload_len == len
-        })
+        match self.expect {
+            Expect::Write { rkey, addr } => tbrdma_proto::wire::peek_write_target(head)
+                .is_some_and(|t| {
+                    t.dest_qpn == self.qpn
+                        && t.rkey == rkey
+                        && t.addr == addr
+                        && tbrdma_proto::wire::MAX_HEADER_LEN + t.payload_len == len
+                }),
+            Expect::Send => {
+                tbrdma_proto::wire::peek_send_start(head).is_some_and(|(dest_qpn, payload_len)| {
+                    dest_qpn == self.qpn
+                        && tbrdma_proto::wire::SEND_HEADER_LEN + payload_len == len
+                        && payload_len <= self.zone.len()
+                })
+            }
+        }
+    }
+}
+
+/// A datagram as a backend received it: in one piece (`tail` empty), or in two, its headers in
+/// `head` and its payload in `tail` (a SEND received into its receive's buffer, see
+/// [`Expect::Send`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Received<'a> {
+    /// The datagram, or its headers.
+    pub head: &'a [u8],
+    /// The rest: empty, or the payload.
+    pub tail: &'a [u8],
+}
+
+impl<'a> Received<'a> {
+    /// A datagram in one piece.
+    pub fn whole(bytes: &'a [u8]) -> Received<'a> {
+        Received {
+            head: bytes,
+            tail: &[],
+        }
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.tail.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its bytes, in one piece.
+    pub fn to_vec(&self) -> Vec<u8> {
+        [self.head, self.tail].concat()
     }
 }
 
@@ -425,7 +486,7 @@ pub trait DatagramIo: Send + std::fmt::Debug {
     fn recv(
         &mut self,
         landing: &mut Option<Landing>,
-        deliver: &mut dyn FnMut(&[u8], SocketAddr),
+        deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
     ) -> io::Result<usize>;
 
     /// Blocks until a datagram may have arrived, `wake` became readable (another thread has

@@ -32,7 +32,7 @@ use std::time::Duration;
 use super::neighbours::{KernelTable, Lookup, Mac, Neighbours};
 use super::send_error::{Attempt, Next, SendFailures};
 use super::sys;
-use super::{DatagramIo, EngineKind, Landing, TxBatch, wait_readable};
+use super::{DatagramIo, EngineKind, Landing, Received, TxBatch, wait_readable};
 
 /// The Ethernet type of tbrdma frames: 0x88B5 is reserved for local experiments (IEEE 802).
 pub const ETHERTYPE: u16 = 0x88b5;
@@ -429,7 +429,7 @@ impl DatagramIo for PacketIo {
     fn recv(
         &mut self,
         _landing: &mut Option<Landing>,
-        deliver: &mut dyn FnMut(&[u8], SocketAddr),
+        deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
     ) -> io::Result<usize> {
         // The shim's first half names the destination: this rail's address and port.
         let to_us = shim(self.local, self.local);
@@ -456,7 +456,7 @@ impl DatagramIo for PacketIo {
                     SocketAddr::V6(_) => false,
                 };
                 if genuine {
-                    deliver(datagram, from);
+                    deliver(Received::whole(datagram), from);
                 }
             }
             self.ring.release(i);

@@ -1,9 +1,10 @@
 //! The plain-socket backend: nonblocking `sendmmsg` / `recvmmsg` on one UDP socket, batches
 //! of up to 32 datagrams per system call; a gathered datagram (header and a region part, see
 //! [`super::RegionPart`]) goes out as one message with two iovecs. Works on every Linux and inside containers whose
-//! seccomp profile denies io_uring. A poll whose engine was lent a landing zone
-//! receives its first datagram straight into it ([`super::Landing`]); a datagram wholly in a
-//! region (its header in a send headroom) leaves with one plain send(2).
+//! seccomp profile denies io_uring. A poll whose engine has a landing zone receives its first
+//! datagram straight into it ([`super::Landing`]: a zone lent for a WRITE, header and payload
+//! together; or the buffer of the next receive, the headers apart in front of it); a datagram
+//! wholly in a region (its header in a send headroom) leaves with one plain send(2).
 //!
 //! **This file contains `unsafe`**: the system calls take raw pointers and message headers that
 //! point into buffers on this function's stack frame, owned by `self`, or in registered regions
@@ -16,11 +17,11 @@ use std::os::fd::AsRawFd;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
-use tbrdma_proto::wire::MAX_HEADER_LEN;
+use tbrdma_proto::wire::{MAX_HEADER_LEN, SEND_HEADER_LEN};
 
 use super::send_error::{Attempt, Next, SendFailures, is_stale_icmp};
 use super::sys::{self, STORAGE_LEN as NAME_LEN};
-use super::{DatagramIo, EngineKind, Landing, TxBatch, wait_readable};
+use super::{DatagramIo, EngineKind, Expect, Landing, Received, TxBatch, wait_readable};
 
 /// Datagrams per system call.
 const BATCH: usize = 32;
@@ -125,12 +126,12 @@ impl SocketIo {
     }
 }
 
-/// What [`recv_into_zone`] found.
+/// What [`recv_into_zone`] and [`recv_into_receive`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Landed {
     /// The socket was empty.
     Nothing,
-    /// A datagram, delivered (in place or from a copy).
+    /// A datagram, delivered (in place or from a copy), or dropped as nothing tbrdma sends.
     Delivered,
     /// A datagram longer than the zone: cut, and dropped.
     TooLong,
@@ -148,7 +149,7 @@ unsafe fn recv_into_zone(
     zone: &Landing,
     spare: &mut [u8],
     name: &mut libc::sockaddr_storage,
-    deliver: &mut dyn FnMut(&[u8], SocketAddr),
+    deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
 ) -> io::Result<Landed> {
     let cap = zone.zone.len();
     // SAFETY: the zone is `cap` writable bytes of a region mapping that `zone` keeps alive, and
@@ -186,14 +187,104 @@ unsafe fn recv_into_zone(
     };
     if expected {
         // SAFETY: see above.
-        unsafe { zone.zone.with_prefix(len, |bytes| deliver(bytes, from)) };
+        unsafe {
+            zone.zone
+                .with_prefix(len, |bytes| deliver(Received::whole(bytes), from))
+        };
     } else {
         // SAFETY: see above.
         unsafe {
             zone.zone
                 .with_prefix(len, |bytes| spare[..len].copy_from_slice(bytes))
         };
-        deliver(&spare[..len], from);
+        deliver(Received::whole(&spare[..len]), from);
+    }
+    Ok(Landed::Delivered)
+}
+
+/// Receives one datagram with recvmsg(2) in three pieces: its first [`SEND_HEADER_LEN`] bytes
+/// into `spare`, the next ones into the receive buffer `zone` names, the rest (if any) into
+/// `spare` again, right after where the zone's share would go. When it is the expected SEND's
+/// first packet ([`Expect::Send`]), it is delivered in two pieces, its payload already in the
+/// receive's buffer; otherwise the zone's share is copied into `spare` between the other two,
+/// and the datagram is delivered from there in one piece.
+///
+/// # Safety
+/// The zone's bytes must be the engine's for the call: nothing else reads or writes them (they
+/// are the buffer of a posted receive, which the application leaves to the transport until the
+/// receive completes).
+unsafe fn recv_into_receive(
+    fd: BorrowedFd<'_>,
+    zone: &Landing,
+    spare: &mut [u8],
+    name: &mut libc::sockaddr_storage,
+    deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
+) -> io::Result<Landed> {
+    let head = SEND_HEADER_LEN;
+    let cap = zone.zone.len().min(spare.len() - head);
+    let (front, back) = spare.split_at_mut(head + cap);
+    let mut iov = [
+        libc::iovec {
+            iov_base: front.as_mut_ptr() as *mut _,
+            iov_len: head,
+        },
+        libc::iovec {
+            iov_base: zone.zone.as_mut_ptr() as *mut _,
+            iov_len: cap,
+        },
+        libc::iovec {
+            iov_base: back.as_mut_ptr() as *mut _,
+            iov_len: back.len(),
+        },
+    ];
+    // SAFETY: the first and last iovecs are `spare`'s, borrowed mutably for the call; the
+    // middle one is `cap` bytes of the zone, inside its region's mapping (which `zone` keeps
+    // alive), which nothing else reads or writes during the call (this function's contract).
+    let received =
+        unsafe { sys::recv_msg(fd, &mut iov, libc::MSG_DONTWAIT | libc::MSG_TRUNC, name) };
+    let len = match received {
+        Ok(len) => len,
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(Landed::Nothing),
+        Err(e) => return Err(e),
+    };
+    // One byte more than the largest datagram tbrdma sends (as the plain path's buffers are):
+    // a datagram that fills them may have been cut, and is not ours.
+    if len >= spare.len() {
+        return Ok(Landed::Delivered);
+    }
+    let Some(from) = sys::from_storage(name) else {
+        return Ok(Landed::Delivered);
+    };
+    if len <= head {
+        deliver(Received::whole(&spare[..len]), from);
+        return Ok(Landed::Delivered);
+    }
+    let payload = len - head;
+    // The views of the zone below are sound as in `recv_into_zone`: the kernel has finished
+    // writing it, the engine holds its state lock, and the application leaves a posted
+    // receive's buffer alone until it completes.
+    if payload <= cap && zone.is_expected(&spare[..head], len) {
+        // SAFETY: see above.
+        unsafe {
+            zone.zone.with_prefix(payload, |tail| {
+                deliver(
+                    Received {
+                        head: &spare[..head],
+                        tail,
+                    },
+                    from,
+                )
+            })
+        };
+    } else {
+        let in_zone = payload.min(cap);
+        // SAFETY: see above.
+        unsafe {
+            zone.zone.with_prefix(in_zone, |bytes| {
+                spare[head..head + in_zone].copy_from_slice(bytes)
+            })
+        };
+        deliver(Received::whole(&spare[..len]), from);
     }
     Ok(Landed::Delivered)
 }
@@ -311,7 +402,7 @@ impl DatagramIo for SocketIo {
     fn recv(
         &mut self,
         landing: &mut Option<Landing>,
-        deliver: &mut dyn FnMut(&[u8], SocketAddr),
+        deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
     ) -> io::Result<usize> {
         let fd = self.socket.as_raw_fd();
         let mut total = 0;
@@ -330,17 +421,33 @@ impl DatagramIo for SocketIo {
             // A landing zone takes the first datagram of the call, alone; the rest, if any,
             // come the usual way.
             if let (0, Some(zone)) = (total, landing.as_ref()) {
-                // SAFETY: the zone is the engine's landing zone, lent by the application until a
-                // write lands there or its queue pair completes a receive; it promised
-                // (`QueuePair::expect_write` in tbrdma-verbs) not to touch the bytes meanwhile.
-                let landed = unsafe {
-                    recv_into_zone(
-                        self.socket.as_fd(),
-                        zone,
-                        &mut rx.bufs[0],
-                        &mut rx.names[0],
-                        deliver,
-                    )
+                let landed = match zone.expect {
+                    // SAFETY: the zone is the engine's landing zone, lent by the application
+                    // until a write lands there or its queue pair completes a receive; it
+                    // promised (`QueuePair::expect_write` in tbrdma-verbs) not to touch the
+                    // bytes meanwhile.
+                    Expect::Write { .. } => unsafe {
+                        recv_into_zone(
+                            self.socket.as_fd(),
+                            zone,
+                            &mut rx.bufs[0],
+                            &mut rx.names[0],
+                            deliver,
+                        )
+                    },
+                    // SAFETY: the zone is the buffer of the oldest receive posted on its queue
+                    // pair, which the application does not touch until the receive completes
+                    // (the verbs contract on posted buffers, docs/semantics.md), and which
+                    // the engine found under the state lock it still holds.
+                    Expect::Send => unsafe {
+                        recv_into_receive(
+                            self.socket.as_fd(),
+                            zone,
+                            &mut rx.bufs[0],
+                            &mut rx.names[0],
+                            deliver,
+                        )
+                    },
                 };
                 match landed {
                     Ok(Landed::Nothing) => {
@@ -432,7 +539,7 @@ impl DatagramIo for SocketIo {
                     continue; // Larger than any datagram tbrdma sends: not ours.
                 }
                 if let Some(from) = sys::from_storage(&rx.names[i]) {
-                    deliver(&rx.bufs[i][..len], from);
+                    deliver(Received::whole(&rx.bufs[i][..len]), from);
                 }
             }
             total += got;

@@ -162,6 +162,35 @@ pub(crate) unsafe fn recv_from(
     }
 }
 
+/// Receives one datagram (recvmsg(2)) into the buffers `iov` names, in order, its sender's
+/// address into `name`; returns the datagram's length (with `MSG_TRUNC` in `flags`, its whole
+/// length even when the buffers held less).
+///
+/// # Safety
+/// Every iovec must name memory valid for writes during the call that nothing else reads or
+/// writes meanwhile.
+pub(crate) unsafe fn recv_msg(
+    fd: BorrowedFd<'_>,
+    iov: &mut [libc::iovec],
+    flags: libc::c_int,
+    name: &mut libc::sockaddr_storage,
+) -> io::Result<usize> {
+    let mut hdr = msghdr(
+        name as *mut _ as *mut libc::c_void,
+        STORAGE_LEN,
+        iov.as_mut_ptr(),
+        iov.len(),
+    );
+    // SAFETY: `hdr` points at `name` (a live sockaddr_storage of the size given) and at `iov`,
+    // both borrowed for the call; the memory the iovecs name is the caller's contract.
+    let len = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut hdr, flags) };
+    if len < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(len as usize)
+    }
+}
+
 /// The result of a system call that returns 0 or -1 with errno.
 fn status(rc: libc::c_int) -> io::Result<()> {
     if rc == 0 {

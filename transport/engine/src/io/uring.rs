@@ -936,7 +936,7 @@ impl DatagramIo for UringIo {
         &mut self,
         // Multishot receive picks its buffers from the ring: no landing zones here.
         _landing: &mut Option<super::Landing>,
-        deliver: &mut dyn FnMut(&[u8], SocketAddr),
+        deliver: &mut dyn FnMut(super::Received<'_>, SocketAddr),
     ) -> io::Result<usize> {
         if self.coop_shared && self.rx_armed && self.rx_owner != Some(std::thread::current().id()) {
             self.take_over_recv()?;
@@ -959,7 +959,7 @@ impl DatagramIo for UringIo {
                     // Truncated: larger than any datagram tbrdma sends, so not ours.
                     if !msg.is_payload_truncated() && !msg.is_name_data_truncated() {
                         if let Some(from) = sys::parse(msg.name_data()) {
-                            deliver(msg.payload_data(), from);
+                            deliver(super::Received::whole(msg.payload_data()), from);
                             total += 1;
                         }
                     }
