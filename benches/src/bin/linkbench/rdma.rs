@@ -109,12 +109,13 @@ fn dial(
 }
 
 /// Prints the client's protocol counters for the parent (datagrams per round trip tell whether
-/// acknowledgements ride on data or cost datagrams of their own).
-fn report_stats(qp: &QueuePair) {
+/// acknowledgements ride on data or cost datagrams of their own; `landed`, how many payloads
+/// the engine received straight into their place).
+fn report_stats(dev: &Device, qp: &QueuePair) {
     let s = qp.stats();
     println!(
         "STATS sent={} received={} acks={} retransmits={} timeouts={} rnr_naks={} duplicates={} \
-         dropped={} seq_naks={}",
+         dropped={} seq_naks={} landed={}",
         s.packets_sent,
         s.packets_received,
         s.acks_sent,
@@ -123,7 +124,8 @@ fn report_stats(qp: &QueuePair) {
         s.rnr_naks_sent,
         s.duplicates,
         s.out_of_order_dropped + s.corrupted + s.malformed + s.foreign,
-        s.seq_naks_sent
+        s.seq_naks_sent,
+        dev.engine_stats().landed_in_place
     );
 }
 
@@ -277,7 +279,7 @@ pub fn send_client(args: &ChildArgs) -> anyhow::Result<Measured> {
         }
     }
     drain_sends(&cq, &mut sends)?;
-    report_stats(&qp);
+    report_stats(&dev, &qp);
     Ok(Measured::RoundTrips(rtts))
 }
 
@@ -417,7 +419,7 @@ pub fn write_client(args: &ChildArgs) -> anyhow::Result<Measured> {
         }
     }
     drain_sends(&side.cq, &mut side.sends)?;
-    report_stats(&side.qp);
+    report_stats(&dev, &side.qp);
     Ok(Measured::RoundTrips(rtts))
 }
 
@@ -498,7 +500,7 @@ pub fn bandwidth_client(args: &ChildArgs) -> anyhow::Result<Measured> {
     }])?;
     let mut closing = 1;
     drain_sends(&cq, &mut closing)?;
-    report_stats(&qp);
+    report_stats(&dev, &qp);
     Ok(Measured::Bandwidth {
         bytes: done * BW_MESSAGE as u64,
         elapsed,
