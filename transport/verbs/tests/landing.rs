@@ -368,32 +368,62 @@ fn a_send_is_received_into_the_posted_buffer_and_anything_else_is_copied_out() {
     let first = p.landed();
     assert!(first >= 1, "the SEND was received in place");
 
-    // A WRITE_WITH_IMM while a receive is posted: it consumes the receive, lands where it is
-    // addressed, and the bytes outside the receive's buffer and the write's target are intact.
+    // A WRITE_WITH_IMM while a 64 KiB receive is posted: received into that receive's buffer,
+    // it is copied out, consumes the receive and lands where it is addressed; nothing outside
+    // the receive's buffer and the write's target changed.
+    p.server
+        .qp
+        .post_recv(&[RecvWr {
+            wr_id: 2,
+            local: p.target.sge(100_000, 64 << 10),
+        }])
+        .unwrap();
     let write = pattern(20_000, 2);
     p.src.write(0, &write);
-    p.write(0, 200_000, write.len(), 2);
-    assert_eq!(p.target_bytes(200_000, write.len()), write);
-    assert_eq!(p.target_bytes(0, 4096), guard[..4096]);
+    p.client
+        .qp
+        .post_send(&[SendWr {
+            wr_id: 2,
+            local: p.src.sge(0, write.len()),
+            op: SendOp::WriteWithImm {
+                remote: p.target.remote(200_000),
+                imm: 2,
+            },
+        }])
+        .unwrap();
+    let got = next_completion(&p.server_cq);
+    assert_eq!((got.wc.wr_id, got.wc.imm), (2, Some(2)));
+    next_completion(&p.client_cq);
+    assert!(p.target_bytes(200_000, write.len()) == write, "the write");
+    let outside = 100_000 + (64 << 10);
+    assert!(p.target_bytes(20_480, 100_000 - 20_480) == guard[20_480..100_000]);
+    assert!(p.target_bytes(outside, 200_000 - outside) == guard[outside..200_000]);
+    assert_eq!(p.landed(), first, "a write is not a SEND");
 
-    // Several datagrams: the first in place, the rest placed after it.
+    // After a write the engine expects writes: the next SEND is received the usual way, and
+    // the one after it (several datagrams) has its first datagram received in place.
     let long = pattern(200_000, 3);
-    let got = send_into(&p, 300_000, 256 << 10, &long, 3);
-    assert_eq!(got.wc.status, WcStatus::Success);
-    assert_eq!(p.target_bytes(300_000, long.len()), long);
+    for round in [3, 4] {
+        let got = send_into(&p, 300_000, 256 << 10, &long, round);
+        assert_eq!(got.wc.status, WcStatus::Success);
+        assert!(p.target_bytes(300_000, long.len()) == long, "round {round}");
+        if round == 3 {
+            assert_eq!(p.landed(), first, "received the usual way");
+        }
+    }
     assert!(
         p.landed() > first,
         "the first datagram was received in place"
     );
     let end = 300_000 + (256 << 10);
-    assert_eq!(p.target_bytes(end, REGION - end), guard[end..]);
+    assert!(p.target_bytes(end, REGION - end) == guard[end..]);
 
     // Too long for the buffer: the receive fails as verbs says, and not a byte past the
     // buffer was written (the kernel put the datagram's rest in the engine's buffer).
     let too_long = pattern(3000, 4);
-    let got = send_into(&p, 100_000, 2048, &too_long, 4);
+    let got = send_into(&p, 700_000, 2048, &too_long, 5);
     assert_eq!(got.wc.status, WcStatus::LocalLength);
-    let past = 100_000 + 2048;
+    let past = 700_000 + 2048;
     assert!(
         p.target_bytes(past, 4096) == guard[past..past + 4096],
         "bytes past the receive's buffer were written"

@@ -552,7 +552,9 @@ impl Connection {
 
     /// Where the payload of the next message would go if it is a SEND arriving in order with
     /// its first packet: the buffer of the oldest posted receive, when no message is partly
-    /// received, nothing early is held and its key grants local write to all of it. A receiver
+    /// received, nothing early is held, its key grants local write to all of it, and the last
+    /// data-bearing message to start was a SEND (a peer that sends WRITEs is likely to go on
+    /// doing so, and receiving those into the buffer would only cost a copy out). A receiver
     /// may receive a datagram straight into it (see the engine's receive landing): the buffer
     /// is the transport's until its receive completes, so anything else that lands there is
     /// only overwritten later.
@@ -561,7 +563,10 @@ impl Connection {
         &self,
         mem: &M,
     ) -> Option<(RegionId, std::ops::Range<u64>)> {
-        if self.state != ConnectionState::Established || !self.rx.between_messages() {
+        if self.state != ConnectionState::Established
+            || !self.rx.between_messages()
+            || !self.rx.last_started_send
+        {
             return None;
         }
         let recv = self.rq.front()?;

@@ -159,6 +159,7 @@ impl Connection {
         mem: &M,
     ) -> Result<InTarget, Refusal> {
         let (flags, ext) = (packet.header.flags, &packet.ext);
+        self.rx.last_started_send = matches!(ext, Ext::Send(_));
         let len = seg.msg_len;
         match *ext {
             Ext::Send(_) => {

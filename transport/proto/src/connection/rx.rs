@@ -100,6 +100,9 @@ pub(super) struct RxStream {
     stash: Vec<(Psn, Option<Segment>, Vec<u8>)>,
     /// Buffers for the stash, reused.
     spare: Vec<Vec<u8>>,
+    /// Whether the last data-bearing message to start was a SEND: the guess that the next one
+    /// is one too (`Connection::next_receive_buffer`).
+    pub last_started_send: bool,
 }
 
 /// Early packets kept per connection before further ones are dropped.
@@ -121,6 +124,7 @@ impl RxStream {
             nak_sent_for: None,
             stash: Vec::new(),
             spare: Vec::new(),
+            last_started_send: true,
         }
     }
 

@@ -282,6 +282,66 @@ fn send_with_imm_and_write_with_imm_consume_receives_in_order() {
     );
 }
 
+/// The buffer a receiver may receive the next datagram into is the oldest receive's, once a
+/// new message is due, while the peer's messages are SENDs; a WRITE_WITH_IMM turns the guess
+/// off until the next SEND.
+#[test]
+fn the_next_receive_buffer_is_offered_while_the_peer_sends() {
+    let mut p = pair();
+    let src = p.a.mem.alloc(4000, Access::LOCAL_WRITE);
+    let rbuf = p.b.mem.alloc(4000, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(4000, RW);
+    let recv = |p: &mut Pair, id: u64, offset: u64, len: u64| {
+        p.b.post_recv(RecvWr {
+            wr_id: id,
+            local: sge(&rbuf, offset, len),
+        })
+        .unwrap();
+    };
+    let send = |p: &mut Pair, id: u64, op: SendOp| {
+        p.a.post_send(SendWr {
+            wr_id: id,
+            local: sge(&src, 0, 1000),
+            op,
+        })
+        .unwrap();
+        assert!(p.drive(STEPS));
+        assert_eq!(p.a.take_completions().len(), 1);
+        assert_eq!(p.b.take_completions().len(), 1);
+    };
+    assert_eq!(p.b.conn.next_receive_buffer(&p.b.mem), None, "none posted");
+    recv(&mut p, 1, 100, 2000);
+    assert_eq!(
+        p.b.conn.next_receive_buffer(&p.b.mem),
+        Some((rbuf.id, 100..2100))
+    );
+    send(&mut p, 1, SendOp::Send { imm: None });
+    assert_eq!(p.b.conn.next_receive_buffer(&p.b.mem), None, "taken");
+
+    recv(&mut p, 2, 0, 2000);
+    send(
+        &mut p,
+        2,
+        SendOp::WriteWithImm {
+            remote: remote(&dst, 0),
+            imm: 7,
+        },
+    );
+    recv(&mut p, 3, 0, 2000);
+    assert_eq!(
+        p.b.conn.next_receive_buffer(&p.b.mem),
+        None,
+        "the peer writes now"
+    );
+    send(&mut p, 3, SendOp::Send { imm: None });
+    recv(&mut p, 4, 500, 1500);
+    assert_eq!(
+        p.b.conn.next_receive_buffer(&p.b.mem),
+        Some((rbuf.id, 500..2000)),
+        "the peer sends again"
+    );
+}
+
 #[test]
 fn atomics_return_the_original_and_apply_once() {
     let mut p = pair();
