@@ -740,9 +740,8 @@ impl State {
 
     /// Finds the buffer the next datagram is best received into when no zone is lent: that of
     /// the oldest receive posted on a connection that expects a new message (see
-    /// `Connection::next_receive_buffer`), at least 1 KiB long (a short payload
-    /// is copied faster than it is received in three pieces, see `worker::LANDING_MIN`), up to one datagram's payload.
-    /// Only the sockets backend receives there.
+    /// `Connection::next_receive_buffer`), at least [`RECEIVE_LANDING_MIN`] long, up to one
+    /// datagram's payload. Only the sockets backend receives there.
     fn find_receive_landing(&mut self, rails: &[Box<dyn DatagramIo>]) {
         self.receive_landing_stale = false;
         self.receive_landing = None;
@@ -765,7 +764,7 @@ impl State {
             let Some(buffer) = arena.buffer(region) else {
                 continue;
             };
-            if len < crate::worker::LANDING_MIN
+            if len < RECEIVE_LANDING_MIN
                 || start.checked_add(len).is_none_or(|end| end > buffer.len())
             {
                 continue;
@@ -936,6 +935,14 @@ impl State {
         self.dirty = false;
     }
 }
+
+/// Smallest receive buffer a datagram is received into (see [`State::find_receive_landing`]).
+/// Measured with `scripts/linkbench-ab.py` and `scripts/pingpong-ab.py` against the build that
+/// never did (2026-12-06): SEND round trips at 16 KiB 0.92-0.95 of before and at 64 KiB
+/// 0.91-0.99, but at 4 KiB 1.015-1.033 in three runs of four (0.90 in the fourth): a 4 KiB copy
+/// costs about what `recvmsg` of three pieces costs over `recvfrom`. Sizes between were not
+/// measured; 8 KiB is where the sender's lone copy stops paying too (`LONE_COPY_MAX`).
+const RECEIVE_LANDING_MIN: usize = 8 * 1024;
 
 /// Hands one packet (`packet`, received on `rail` from `from`) to the connection its header
 /// names, if that connection's peer on the rail is the sender; counts it as foreign otherwise.

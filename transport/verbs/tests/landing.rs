@@ -420,10 +420,10 @@ fn a_send_is_received_into_the_posted_buffer_and_anything_else_is_copied_out() {
 
     // Too long for the buffer: the receive fails as verbs says, and not a byte past the
     // buffer was written (the kernel put the datagram's rest in the engine's buffer).
-    let too_long = pattern(3000, 4);
-    let got = send_into(&p, 700_000, 2048, &too_long, 5);
+    let too_long = pattern(12_000, 4);
+    let got = send_into(&p, 700_000, 9000, &too_long, 5);
     assert_eq!(got.wc.status, WcStatus::LocalLength);
-    let past = 700_000 + 2048;
+    let past = 700_000 + 9000;
     assert!(
         p.target_bytes(past, 4096) == guard[past..past + 4096],
         "bytes past the receive's buffer were written"

@@ -137,6 +137,15 @@ enum Landed {
     TooLong,
 }
 
+/// The length a nonblocking receive returned, `None` when the socket was empty.
+fn length_unless_empty(received: io::Result<usize>) -> io::Result<Option<usize>> {
+    match received {
+        Ok(len) => Ok(Some(len)),
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Receives one datagram into `zone` with recvfrom(2) and delivers it: in place when it is the
 /// expected write, otherwise copied into `spare` first (so that the zone's bytes are never
 /// lent out while the protocol may place another payload over them).
@@ -163,10 +172,8 @@ unsafe fn recv_into_zone(
             name,
         )
     };
-    let len = match received {
-        Ok(len) => len,
-        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(Landed::Nothing),
-        Err(e) => return Err(e),
+    let Some(len) = length_unless_empty(received)? else {
+        return Ok(Landed::Nothing);
     };
     // With MSG_TRUNC the length is the datagram's, even when the zone held less of it.
     if len > cap {
@@ -242,10 +249,8 @@ unsafe fn recv_into_receive(
     // alive), which nothing else reads or writes during the call (this function's contract).
     let received =
         unsafe { sys::recv_msg(fd, &mut iov, libc::MSG_DONTWAIT | libc::MSG_TRUNC, name) };
-    let len = match received {
-        Ok(len) => len,
-        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(Landed::Nothing),
-        Err(e) => return Err(e),
+    let Some(len) = length_unless_empty(received)? else {
+        return Ok(Landed::Nothing);
     };
     // One byte more than the largest datagram tbrdma sends (as the plain path's buffers are):
     // a datagram that fills them may have been cut, and is not ours.
