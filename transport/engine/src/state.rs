@@ -756,7 +756,8 @@ impl State {
                 continue;
             }
             let arena = &self.arenas[slot.pd];
-            let Some((region, bytes)) = slot.conn.next_receive_buffer(arena) else {
+            let min_len = RECEIVE_LANDING_MIN as u64;
+            let Some((region, bytes)) = slot.conn.next_receive_buffer(arena, min_len) else {
                 continue;
             };
             let len = (bytes.end - bytes.start).min(u64::from(slot.conn.max_payload())) as usize;

@@ -557,11 +557,14 @@ impl Connection {
     /// doing so, and receiving those into the buffer would only cost a copy out). A receiver
     /// may receive a datagram straight into it (see the engine's receive landing): the buffer
     /// is the transport's until its receive completes, so anything else that lands there is
-    /// only overwritten later.
+    /// only overwritten later. A buffer shorter than `min_len` is not offered (and its key is
+    /// not looked up).
+    ///
     /// Returns the region and the buffer's byte range in it.
     pub fn next_receive_buffer<M: Memory + ?Sized>(
         &self,
         mem: &M,
+        min_len: u64,
     ) -> Option<(RegionId, std::ops::Range<u64>)> {
         if self.state != ConnectionState::Established
             || !self.rx.between_messages()
@@ -570,7 +573,7 @@ impl Connection {
             return None;
         }
         let recv = self.rq.front()?;
-        if recv.local.len == 0 {
+        if recv.local.len == 0 || recv.local.len < min_len {
             return None;
         }
         let at = mem

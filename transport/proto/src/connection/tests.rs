@@ -309,14 +309,18 @@ fn the_next_receive_buffer_is_offered_while_the_peer_sends() {
         assert_eq!(p.a.take_completions().len(), 1);
         assert_eq!(p.b.take_completions().len(), 1);
     };
-    assert_eq!(p.b.conn.next_receive_buffer(&p.b.mem), None, "none posted");
+    assert_eq!(
+        p.b.conn.next_receive_buffer(&p.b.mem, 1),
+        None,
+        "none posted"
+    );
     recv(&mut p, 1, 100, 2000);
     assert_eq!(
-        p.b.conn.next_receive_buffer(&p.b.mem),
+        p.b.conn.next_receive_buffer(&p.b.mem, 1),
         Some((rbuf.id, 100..2100))
     );
     send(&mut p, 1, SendOp::Send { imm: None });
-    assert_eq!(p.b.conn.next_receive_buffer(&p.b.mem), None, "taken");
+    assert_eq!(p.b.conn.next_receive_buffer(&p.b.mem, 1), None, "taken");
 
     recv(&mut p, 2, 0, 2000);
     send(
@@ -329,16 +333,21 @@ fn the_next_receive_buffer_is_offered_while_the_peer_sends() {
     );
     recv(&mut p, 3, 0, 2000);
     assert_eq!(
-        p.b.conn.next_receive_buffer(&p.b.mem),
+        p.b.conn.next_receive_buffer(&p.b.mem, 1),
         None,
         "the peer writes now"
     );
     send(&mut p, 3, SendOp::Send { imm: None });
     recv(&mut p, 4, 500, 1500);
     assert_eq!(
-        p.b.conn.next_receive_buffer(&p.b.mem),
+        p.b.conn.next_receive_buffer(&p.b.mem, 1),
         Some((rbuf.id, 500..2000)),
         "the peer sends again"
+    );
+    assert_eq!(
+        p.b.conn.next_receive_buffer(&p.b.mem, 1501),
+        None,
+        "shorter than asked for"
     );
 }
 
