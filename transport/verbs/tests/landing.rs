@@ -358,15 +358,25 @@ fn a_send_is_received_into_the_posted_buffer_and_anything_else_is_copied_out() {
     let guard = pattern(REGION, 99);
     p.target.write(0, &guard);
 
-    // One datagram, into a larger buffer: in place, and only its bytes changed.
+    // One datagram, into a larger buffer: in place, and only its bytes changed. (Landings are
+    // counted over up to ten SENDs: under load a retransmitted duplicate can arrive first and
+    // be the datagram received into the buffer; only the bytes are exact every time.)
     let data = pattern(16 << 10, 1);
-    let got = send_into(&p, 4096, 64 << 10, &data, 1);
-    assert_eq!(got.wc.status, WcStatus::Success);
-    assert_eq!(got.wc.byte_len as usize, data.len());
-    assert_eq!(p.target_bytes(4096, data.len()), data);
-    assert_eq!(p.target_bytes(0, 4096), guard[..4096]);
+    for _ in 0..10 {
+        let got = send_into(&p, 4096, 64 << 10, &data, 1);
+        assert_eq!(got.wc.status, WcStatus::Success);
+        assert_eq!(got.wc.byte_len as usize, data.len());
+        assert!(p.target_bytes(4096, data.len()) == data, "the SEND's bytes");
+        assert!(
+            p.target_bytes(0, 4096) == guard[..4096],
+            "bytes before the buffer"
+        );
+        if p.landed() >= 1 {
+            break;
+        }
+    }
     let first = p.landed();
-    assert!(first >= 1, "the SEND was received in place");
+    assert!(first >= 1, "no SEND of ten was received in place");
 
     // A WRITE_WITH_IMM while a 64 KiB receive is posted: received into that receive's buffer,
     // it is copied out, consumes the receive and lands where it is addressed; nothing outside
@@ -401,19 +411,21 @@ fn a_send_is_received_into_the_posted_buffer_and_anything_else_is_copied_out() {
     assert_eq!(p.landed(), first, "a write is not a SEND");
 
     // After a write the engine expects writes: the next SEND is received the usual way, and
-    // the one after it (several datagrams) has its first datagram received in place.
+    // those after it (several datagrams) have their first datagram received in place.
     let long = pattern(200_000, 3);
-    for round in [3, 4] {
+    for round in 3..13 {
         let got = send_into(&p, 300_000, 256 << 10, &long, round);
         assert_eq!(got.wc.status, WcStatus::Success);
         assert!(p.target_bytes(300_000, long.len()) == long, "round {round}");
         if round == 3 {
             assert_eq!(p.landed(), first, "received the usual way");
+        } else if p.landed() > first {
+            break;
         }
     }
     assert!(
         p.landed() > first,
-        "the first datagram was received in place"
+        "no first datagram of nine SENDs was received in place"
     );
     let end = 300_000 + (256 << 10);
     assert!(p.target_bytes(end, REGION - end) == guard[end..]);
@@ -421,7 +433,7 @@ fn a_send_is_received_into_the_posted_buffer_and_anything_else_is_copied_out() {
     // Too long for the buffer: the receive fails as verbs says, and not a byte past the
     // buffer was written (the kernel put the datagram's rest in the engine's buffer).
     let too_long = pattern(12_000, 4);
-    let got = send_into(&p, 700_000, 9000, &too_long, 5);
+    let got = send_into(&p, 700_000, 9000, &too_long, 20);
     assert_eq!(got.wc.status, WcStatus::LocalLength);
     let past = 700_000 + 9000;
     assert!(
