@@ -963,12 +963,8 @@ fn deliver_packet(
     match qpn.and_then(|q| conns.get_mut(&q)) {
         Some(slot) if slot.peers.get(rail) == Some(&from) => {
             let arena = &mut arenas[slot.pd];
-            if packet.tail.is_empty() {
-                slot.conn.handle_datagram_on(now, packet.head, rail, arena);
-            } else {
-                slot.conn
-                    .handle_datagram_parts_on(now, packet.head, packet.tail, rail, arena);
-            }
+            slot.conn
+                .handle_datagram_parts_on(now, packet.head, packet.tail, rail, arena);
         }
         _ => stats.foreign_datagrams += 1,
     }

@@ -218,16 +218,6 @@ impl<'a> Received<'a> {
         }
     }
 
-    /// Its length.
-    pub fn len(&self) -> usize {
-        self.head.len() + self.tail.len()
-    }
-
-    /// Whether it is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Its bytes, in one piece.
     pub fn to_vec(&self) -> Vec<u8> {
         [self.head, self.tail].concat()

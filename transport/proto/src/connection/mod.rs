@@ -536,8 +536,9 @@ impl Connection {
     }
 
     /// As [`Self::handle_datagram_on`], for a datagram received in two pieces: `head`, its
-    /// headers, and `payload`, the rest (see [`wire::decode_parts`]). A payload that already
-    /// lies where the message is placed is not copied (the [`Memory`] sees its own bytes).
+    /// headers, and `payload`, the rest (see [`wire::decode_parts`]; with `payload` empty,
+    /// `head` is the whole datagram). A payload that already lies where the message is placed
+    /// is not copied (the [`Memory`] sees its own bytes).
     pub fn handle_datagram_parts_on<M: Memory + ?Sized>(
         &mut self,
         now: Time,
@@ -600,11 +601,7 @@ impl Connection {
     ) {
         // The packet is used where it was decoded, by reference: it is some 200 bytes (an ACK
         // carries its SACK blocks inline), and each move was a `memcpy`.
-        let decoded = if tail.is_empty() {
-            wire::decode(datagram)
-        } else {
-            wire::decode_parts(datagram, tail)
-        };
+        let decoded = wire::decode_parts(datagram, tail);
         let packet = match &decoded {
             Ok(packet) => packet,
             Err(wire::DecodeError::BadCrc) => {

@@ -79,8 +79,8 @@ pub fn decode(datagram: &[u8]) -> Result<Packet<'_>, DecodeError> {
 /// Decodes a datagram that was received in two pieces: `head`, exactly its common and
 /// extension headers, and `payload`, the rest (a SEND received straight into the buffer of the
 /// receive it is for). Checks everything [`decode`] checks, over the same bytes, and rejects a
-/// `head` that is not exactly the headers its opcode has. Never panics, never reads outside
-/// the two slices.
+/// `head` that is not exactly the headers its opcode has; an empty `payload` makes it
+/// [`decode`]`(head)`. Never panics, never reads outside the two slices.
 pub fn decode_parts<'a>(head: &'a [u8], payload: &'a [u8]) -> Result<Packet<'a>, DecodeError> {
     decode_from(head, payload)
 }
