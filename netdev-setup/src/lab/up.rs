@@ -5,7 +5,7 @@
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 
-use crate::addressing::fnv1a64;
+use crate::addressing::{cable_addresses, fnv1a64};
 use crate::detect::Detector;
 use crate::error::{NetdevError, Result};
 use crate::hostfile::{Hostfile, local_record};
@@ -37,14 +37,45 @@ pub struct LabOptions {
     pub force: bool,
 }
 
-/// The identity rank `rank` of lab `name` gets: UUIDs sort in rank order, so the hostfile's
-/// rank numbers are the lab's.
-pub fn rank_identity(name: &str, rank: usize) -> HostIdentity {
-    let tag = fnv1a64(name.as_bytes()) as u32;
+/// The identity rank `rank` of lab `name` gets, given the lab's `tag` (see [`lab_tag`]): UUIDs
+/// sort in rank order, so the hostfile's rank numbers are the lab's.
+fn rank_identity(name: &str, tag: u32, rank: usize) -> HostIdentity {
     HostIdentity {
-        uuid: format!("{tag:08x}-0000-4000-8000-{rank:012x}"),
+        uuid: rank_uuid(tag, rank),
         name: namespace_name(name, rank),
     }
+}
+
+fn rank_uuid(tag: u32, rank: usize) -> String {
+    format!("{tag:08x}-0000-4000-8000-{rank:012x}")
+}
+
+/// The UUID prefix shared by the ranks of lab `name`: a hash of the name, so that labs of
+/// different names get different addresses, chosen so that no two cables of the lab hash to
+/// the same /30. A real host pair whose cables collide is told to name rails in a links file;
+/// a lab picks its own identities, so it picks ones that do not collide (every name maps to
+/// one tag, so a lab rebuilt under the same name gets the same addresses).
+fn lab_tag(name: &str, pairs: &[(usize, usize)], rails: u32) -> u32 {
+    (0u32..)
+        .map(|attempt| {
+            let key = if attempt == 0 {
+                name.to_owned()
+            } else {
+                format!("{name}#{attempt}")
+            };
+            fnv1a64(key.as_bytes()) as u32
+        })
+        .find(|&tag| {
+            let mut networks = std::collections::BTreeSet::new();
+            pairs.iter().all(|&(a, b)| {
+                (0..rails).all(|rail| {
+                    networks.insert(
+                        cable_addresses(&rank_uuid(tag, a), &rank_uuid(tag, b), rail).network,
+                    )
+                })
+            })
+        })
+        .expect("a lab has at most a few dozen cables among 16 256 subnets")
 }
 
 /// Builds the lab and returns the path of its hostfile.
@@ -119,9 +150,10 @@ fn build(options: &LabOptions, pairs: &[(usize, usize)], state: &LabState) -> Re
     for namespace in &state.namespaces {
         netns::create(namespace)?;
     }
+    let tag = lab_tag(&options.name, pairs, options.rails);
     let mut links: Vec<LinksFile> = (0..options.ranks)
         .map(|k| LinksFile {
-            host: rank_identity(&options.name, k),
+            host: rank_identity(&options.name, tag, k),
             links: Vec::new(),
         })
         .collect();
@@ -133,7 +165,7 @@ fn build(options: &LabOptions, pairs: &[(usize, usize)], state: &LabState) -> Re
             let (if_a, if_b) = (interface_name(b, rail), interface_name(a, rail));
             netlink.add_veth_between(&if_a, ns_a.as_fd(), &if_b, ns_b.as_fd(), options.mtu)?;
             for (from, to, interface) in [(a, b, if_a), (b, a, if_b)] {
-                let peer = rank_identity(&options.name, to);
+                let peer = rank_identity(&options.name, tag, to);
                 links[from].links.push(ExplicitLink {
                     interface,
                     peer,
@@ -214,5 +246,56 @@ fn wait_for_operstate_up(file: &LinksFile) {
     };
     while !all_up() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn networks(tag: u32, pairs: &[(usize, usize)], rails: u32) -> Vec<std::net::Ipv4Addr> {
+        pairs
+            .iter()
+            .flat_map(|&(a, b)| {
+                (0..rails)
+                    .map(move |rail| cable_addresses(&rank_uuid(tag, a), &rank_uuid(tag, b), rail))
+            })
+            .map(|addresses| addresses.network)
+            .collect()
+    }
+
+    fn distinct(networks: &[std::net::Ipv4Addr]) -> bool {
+        let set: std::collections::BTreeSet<_> = networks.iter().collect();
+        set.len() == networks.len()
+    }
+
+    #[test]
+    fn a_lab_whose_name_hashes_its_cables_together_gets_a_tag_that_does_not() {
+        // CI's lab `tf4r28840` (a ring of 4) had two cables of rank 2 on one /30 and failed
+        // to come up.
+        let pairs = LabTopology::Ring.neighbour_pairs(4).unwrap();
+        let name = "tf4r28840";
+        let naive = fnv1a64(name.as_bytes()) as u32;
+        assert!(!distinct(&networks(naive, &pairs, 1)));
+        let tag = lab_tag(name, &pairs, 1);
+        assert!(distinct(&networks(tag, &pairs, 1)));
+        assert_eq!(tag, lab_tag(name, &pairs, 1), "the same name, the same tag");
+    }
+
+    #[test]
+    fn every_test_lab_name_gets_cables_on_distinct_subnets() {
+        // The test labs are `t<tag><pid % 100000>`: check a spread of them in the largest
+        // shapes the tests build.
+        let shapes = [
+            (LabTopology::Ring.neighbour_pairs(4).unwrap(), 2),
+            (LabTopology::Mesh.neighbour_pairs(4).unwrap(), 2),
+        ];
+        for n in (0..100_000).step_by(7) {
+            let name = format!("tf4r{n}");
+            for (pairs, rails) in &shapes {
+                let tag = lab_tag(&name, pairs, *rails);
+                assert!(distinct(&networks(tag, pairs, *rails)), "{name}");
+            }
+        }
     }
 }
