@@ -8,9 +8,12 @@
 //!
 //! The whole list of cases runs `--rounds` times (3 by default), interleaved: round 1 runs every
 //! case in order, then round 2 runs them all again, and so on, so that the machine's drift
-//! between cases hits every system alike. The table shows, per case, the round with the median
-//! figure (p50, or MiB/s for bandwidth) and lists every round's; each ratio is computed within
-//! each round (ours and the baseline from the same round) and reported as the median of those.
+//! between cases hits every system alike. Within a round each engine case runs between two runs
+//! of its floor, and its ratio to the floor is taken against those two (their geometric mean):
+//! the test hosts change speed within seconds, so a floor measured ten cases earlier judged an
+//! engine by the host's mood (per-round ratios of one case spanned 0.6-2.1). The table shows,
+//! per case, the run with the median figure (p50, or MiB/s for bandwidth) and lists every run's;
+//! each ratio is computed within each round and reported as the median of those.
 //!
 //! The parent owns the lab and the child processes; the children ([`child`]) own one case each
 //! and report it on one `RESULT` line. The kernel baselines live in [`kernel`], the tbrdma
@@ -83,6 +86,15 @@ impl Bench {
                 }
             }
         })
+    }
+
+    /// The floor an engine is compared with: the UDP spin floor for the engines that use UDP
+    /// sockets, the raw-frame floor for the packet engine.
+    pub fn floor_of(engine: EngineKind) -> Bench {
+        match engine {
+            EngineKind::Packet => Bench::FrameFloor,
+            _ => Bench::UdpFloor,
+        }
     }
 
     /// Whether it measures bandwidth (otherwise round trips).

@@ -1,9 +1,11 @@
 //! The results: one table of every case, then the ratios the targets name, as text or JSON.
 //!
-//! With several rounds, each table row is the case's median round (by p50, or MiB/s for
-//! bandwidth), so every number printed was measured, and lists every round's figure; each ratio
-//! is computed within each round and its value is the median of those per-round ratios. A
-//! median of an even count is the lower of the two middle values, for the same reason.
+//! Each table row is the case's median run (by p50, or MiB/s for bandwidth), so every number
+//! printed was measured, and lists every run's figure (a floor runs several times a round, once
+//! beside each engine case). Each ratio is computed within each round and its value is the
+//! median of those per-round ratios; an engine's ratio to its floor takes the floor runs just
+//! before and after it ([`floors_beside`]). A median of an even count is the lower of the two
+//! middle values, for the same reason.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -11,7 +13,6 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
-use tbrdma_verbs::EngineKind;
 
 use crate::run::{CLIENT_CPU, ENGINES, LATENCY_SIZES, SERVER_CPU};
 use crate::{Bench, Case, Options};
@@ -302,13 +303,31 @@ impl Ratio {
     }
 }
 
-/// The floor an engine is compared with: the UDP spin floor for the engines that use UDP
-/// sockets, the raw-frame floor for the packet engine.
-fn floor_of(engine: EngineKind) -> Bench {
-    match engine {
-        EngineKind::Packet => Bench::FrameFloor,
-        _ => Bench::UdpFloor,
-    }
+/// Per round, the floor `floor` measured beside the run of `bench` at `size`: the geometric mean
+/// of the nearest successful run of the floor before it and the nearest after it in the same
+/// round, or the one of them there is; `None` where the case failed or no floor ran in its
+/// round. (With `--only`, a floor not run next to the case is still the nearest in its round.)
+fn floors_beside(run: &Run, bench: Bench, size: usize, floor: Bench) -> Vec<Option<f64>> {
+    let ours = Case { bench, size };
+    let floor = Case { bench: floor, size };
+    let of_round = |round| {
+        let at = run
+            .records
+            .iter()
+            .position(|r| r.case == ours && r.round == round)?;
+        let floor_figure = |r: &Record| {
+            (r.case == floor && r.round == round)
+                .then(|| r.outcome.figure())
+                .flatten()
+        };
+        let before = run.records[..at].iter().rev().find_map(floor_figure);
+        let after = run.records[at + 1..].iter().find_map(floor_figure);
+        match (before, after) {
+            (Some(a), Some(b)) => Some((a * b).sqrt()),
+            (one, other) => one.or(other),
+        }
+    };
+    (1..=run.options.rounds).map(of_round).collect()
 }
 
 fn ratios(run: &Run) -> Vec<Ratio> {
@@ -320,19 +339,20 @@ fn ratios(run: &Run) -> Vec<Ratio> {
     for size in LATENCY_SIZES {
         let tcp = baseline(Bench::TcpBlocking, size);
         for engine in ENGINES {
-            let floor_bench = floor_of(engine);
-            let floor = baseline(floor_bench, size);
+            let floor_bench = Bench::floor_of(engine);
+            let floor_ran = baseline(floor_bench, size).is_some();
             for bench in [Bench::Send(engine), Bench::Write(engine)] {
                 let Some(ours) = figures(run, bench, size) else {
                     continue;
                 };
                 // Issue 16: one-way p50 (half the round trip on both sides, so the ratio of
-                // round trips) at most 1.2x the engine's own floor at every size.
-                if let Some(floor) = &floor {
+                // round trips) at most 1.2x the engine's own floor at every size, measured
+                // beside it.
+                if floor_ran {
                     out.push(Ratio::new(
                         format!("{bench} {size} B p50 / {floor_bench} {size} B p50"),
                         &ours,
-                        floor,
+                        &floors_beside(run, bench, size, floor_bench),
                         Some((1.2, true)),
                     ));
                 }
@@ -425,9 +445,11 @@ pub fn table(run: &Run) -> String {
     );
     let _ = writeln!(
         s,
-        "rounds: {}, interleaved (all cases once per round); each row is the case's median round \
-         by p50 (MiB/s for bandwidth); ratios are medians of per-round ratios (ours and the \
-         baseline from the same round; lower middle for an even count)",
+        "rounds: {}, interleaved (all cases once per round, each engine case between two runs \
+         of its floor); each row is the case's median run by p50 (MiB/s for bandwidth); ratios \
+         are medians of per-round ratios (ours and the baseline from the same round, a floor \
+         as the geometric mean of its runs just before and after; lower middle for an even \
+         count)",
         run.options.rounds
     );
     let _ = writeln!(
@@ -690,6 +712,7 @@ pub fn json(run: &Run) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tbrdma_verbs::EngineKind;
 
     #[test]
     fn median_is_a_present_value() {
@@ -826,5 +849,56 @@ mod tests {
         let spread = found("write-packet 16384 B mean / p50");
         assert_eq!(spread.verdict(), "MISS");
         assert_eq!(found("write-sockets 16384 B mean / p50").verdict(), "PASS");
+    }
+
+    #[test]
+    fn an_engine_is_judged_against_the_floor_runs_beside_it() {
+        let rtt = |p50| Outcome::RoundTrips {
+            count: 1,
+            p50,
+            p99: p50,
+            mean: p50 as f64,
+            min: p50,
+            max: p50,
+            over_1ms: 0,
+        };
+        let record = |bench, round, outcome| Record {
+            case: Case { bench, size: 8 },
+            round,
+            outcome,
+            counters: None,
+            error: None,
+        };
+        let (send, write) = (
+            Bench::Send(EngineKind::Sockets),
+            Bench::Write(EngineKind::Sockets),
+        );
+        let mut run = three_rounds();
+        run.options.rounds = 2;
+        run.records = vec![
+            // Round 1: the host slows down between the two engine cases.
+            record(Bench::UdpFloor, 1, rtt(5_000)),
+            record(send, 1, rtt(6_000)),
+            record(Bench::UdpFloor, 1, rtt(5_000)),
+            record(write, 1, rtt(12_000)),
+            record(Bench::UdpFloor, 1, rtt(20_000)),
+            // Round 2: the floor after the SEND case failed; the WRITE case has the floor
+            // before it only.
+            record(Bench::UdpFloor, 2, rtt(4_000)),
+            record(send, 2, rtt(5_000)),
+            record(Bench::UdpFloor, 2, Outcome::Failed),
+            record(write, 2, rtt(6_000)),
+        ];
+        let found = |label: &str| {
+            ratios(&run)
+                .into_iter()
+                .find(|r| r.label == label)
+                .unwrap_or_else(|| panic!("no ratio {label}"))
+        };
+        let send = found("send-sockets 8 B p50 / udp-busy 8 B p50");
+        assert_eq!(send.per_round, [Some(1.2), Some(1.25)]);
+        // Floors of 5 and 20 µs around it: their geometric mean is 10.
+        let write = found("write-sockets 8 B p50 / udp-busy 8 B p50");
+        assert_eq!(write.per_round, [Some(1.2), Some(1.5)]);
     }
 }

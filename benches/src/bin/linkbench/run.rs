@@ -78,20 +78,30 @@ pub const LATENCY_SIZES: [usize; 4] = [8, 4096, 16_384, 65_536];
 /// The engines measured, each against its own floor.
 pub const ENGINES: [EngineKind; 3] = [EngineKind::Uring, EngineKind::Sockets, EngineKind::Packet];
 
-/// The cases in run order: per message size, every system back to back, so that drift of the
-/// machine during the run shifts a size's comparisons together.
+/// The cases in run order: per message size, every system back to back, each engine case
+/// between two runs of its own floor (`udp-busy, send-uring, udp-busy, write-uring, udp-busy,
+/// …`), so that an engine is judged against the floor of the same seconds (see the crate
+/// docs). A floor appears several times; each of its runs is a record of its own.
 fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for size in LATENCY_SIZES {
-        for bench in [Bench::UdpFloor, Bench::FrameFloor] {
-            cases.push(Case { bench, size });
-        }
-        let mut benches = vec![Bench::TcpBlocking];
+        cases.push(Case {
+            bench: Bench::TcpBlocking,
+            size,
+        });
         for engine in ENGINES {
-            benches.push(Bench::Send(engine));
-            benches.push(Bench::Write(engine));
+            let floor = Case {
+                bench: Bench::floor_of(engine),
+                size,
+            };
+            for bench in [Bench::Send(engine), Bench::Write(engine)] {
+                if cases.last() != Some(&floor) {
+                    cases.push(floor);
+                }
+                cases.push(Case { bench, size });
+                cases.push(floor);
+            }
         }
-        cases.extend(benches.into_iter().map(|bench| Case { bench, size }));
     }
     cases.push(Case {
         bench: Bench::TcpStream,
