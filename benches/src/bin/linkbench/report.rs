@@ -740,9 +740,9 @@ mod tests {
         assert_eq!(failed.verdict(), "FAILED");
     }
 
-    /// udp-busy and send-sockets at 8 B over three rounds, send-sockets failing in round 3.
-    fn three_rounds() -> Run {
-        let rtt = |p50| Outcome::RoundTrips {
+    /// Round trips whose every statistic is `p50` nanoseconds.
+    fn rtt(p50: u64) -> Outcome {
+        Outcome::RoundTrips {
             count: 1,
             p50,
             p99: p50,
@@ -750,14 +750,30 @@ mod tests {
             min: p50,
             max: p50,
             over_1ms: 0,
-        };
-        let record = |bench, round, outcome| Record {
+        }
+    }
+
+    /// An 8-byte case's record in `round` (failed ones say "boom").
+    fn record(bench: Bench, round: usize, outcome: Outcome) -> Record {
+        Record {
             case: Case { bench, size: 8 },
             round,
             outcome,
             counters: None,
             error: matches!(outcome, Outcome::Failed).then(|| "boom".into()),
-        };
+        }
+    }
+
+    /// The ratio `label` of `run`'s report.
+    fn ratio_named(run: &Run, label: &str) -> Ratio {
+        ratios(run)
+            .into_iter()
+            .find(|r| r.label == label)
+            .unwrap_or_else(|| panic!("no ratio {label}"))
+    }
+
+    /// udp-busy and send-sockets at 8 B over three rounds, send-sockets failing in round 3.
+    fn three_rounds() -> Run {
         let send = Bench::Send(EngineKind::Sockets);
         Run {
             lab: "t".into(),
@@ -836,12 +852,7 @@ mod tests {
             record(Bench::Write(EngineKind::Sockets), rtt(11_000, 11_000.0)),
             record(Bench::Write(EngineKind::Packet), rtt(11_000, 15_000.0)),
         ];
-        let found = |label: &str| {
-            ratios(&run)
-                .into_iter()
-                .find(|r| r.label == label)
-                .unwrap_or_else(|| panic!("no ratio {label}"))
-        };
+        let found = |label: &str| ratio_named(&run, label);
         let sockets = found("write-sockets 16384 B p50 / udp-busy 16384 B p50");
         assert_eq!((sockets.value, sockets.verdict()), (1.1, "PASS"));
         let packet = found("write-packet 16384 B p50 / frame-busy 16384 B p50");
@@ -853,22 +864,6 @@ mod tests {
 
     #[test]
     fn an_engine_is_judged_against_the_floor_runs_beside_it() {
-        let rtt = |p50| Outcome::RoundTrips {
-            count: 1,
-            p50,
-            p99: p50,
-            mean: p50 as f64,
-            min: p50,
-            max: p50,
-            over_1ms: 0,
-        };
-        let record = |bench, round, outcome| Record {
-            case: Case { bench, size: 8 },
-            round,
-            outcome,
-            counters: None,
-            error: None,
-        };
         let (send, write) = (
             Bench::Send(EngineKind::Sockets),
             Bench::Write(EngineKind::Sockets),
@@ -889,12 +884,7 @@ mod tests {
             record(Bench::UdpFloor, 2, Outcome::Failed),
             record(write, 2, rtt(6_000)),
         ];
-        let found = |label: &str| {
-            ratios(&run)
-                .into_iter()
-                .find(|r| r.label == label)
-                .unwrap_or_else(|| panic!("no ratio {label}"))
-        };
+        let found = |label: &str| ratio_named(&run, label);
         let send = found("send-sockets 8 B p50 / udp-busy 8 B p50");
         assert_eq!(send.per_round, [Some(1.2), Some(1.25)]);
         // Floors of 5 and 20 µs around it: their geometric mean is 10.
