@@ -264,6 +264,59 @@ fn the_tcp_ring_and_udp_baselines_run_over_the_same_cable() {
     );
 }
 
+/// `--paired-with udp-exchange` times tbrdma's all-reduce in blocks between blocks of the
+/// exchange, in the same processes over the same cable, and reports both and their ratios
+/// block by block; every call is still checked. Any other baseline is refused by name.
+#[test]
+fn allreduce_paired_with_the_udp_exchange_reports_both_block_by_block() {
+    let Some((_serial, lab)) = lab("cpair") else {
+        return;
+    };
+    let args = [
+        "allreduce",
+        "-b",
+        "16K",
+        "-e",
+        "16K",
+        "--json",
+        "--check",
+        "-n",
+        "230",
+        "-w",
+        "5",
+        "--paired-with",
+        "udp-exchange",
+        "--block",
+        "50",
+    ];
+    let got = rows(&both(&lab, &args), "paired all-reduce");
+    assert_eq!(got.len(), 1);
+    let row = &got[0];
+    check_row(row, 16384, "f32", "sum");
+    let paired = &row["paired"];
+    assert_eq!(paired["baseline"], "udp-exchange", "{row}");
+    // 230 calls in blocks of 50: four full blocks and one of 30.
+    assert_eq!(paired["blocks"].as_u64(), Some(5), "{row}");
+    assert_eq!(paired["block"].as_u64(), Some(50), "{row}");
+    for key in ["baseline_us", "ratio_mean", "ratio_median"] {
+        let v = num(paired, key);
+        assert!(v.is_finite() && v > 0.0, "{key} in {row}");
+    }
+    // Without the option there is no pairing in the row.
+    let plain = rows(&both(&lab, &args[..11]), "plain all-reduce");
+    assert!(plain[0].get("paired").is_none(), "{}", plain[0]);
+    // Only the exchange can be paired.
+    let mut tcp = args.to_vec();
+    tcp[12] = "tcp";
+    let out = both(&lab, &tcp);
+    let err = text(&out[0].stderr);
+    assert!(!out[0].status.success(), "{err}");
+    assert!(
+        err.contains("--paired-with") && err.contains("udp-exchange"),
+        "{err}"
+    );
+}
+
 #[test]
 fn the_other_collectives_and_tp_bench_report_what_they_measured() {
     let Some((_serial, lab)) = lab("cother") else {

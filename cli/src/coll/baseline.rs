@@ -198,29 +198,88 @@ pub fn udp_floor(
     exchange: bool,
     gap: &mut dyn FnMut(),
 ) -> anyhow::Result<Option<f64>> {
-    if addrs.rank > 1 {
+    let Some(mut pair) = UdpPair::connect(addrs, port, size)? else {
+        return Ok(None);
+    };
+    if exchange {
+        let mut times = pair.exchanges(iters, gap)?;
+        times.sort_by(f64::total_cmp);
+        return Ok((addrs.rank == 0).then(|| times[times.len() / 2]));
+    }
+    let rtts = pair.ping_pongs(iters)?;
+    if addrs.rank == 1 {
         return Ok(None);
     }
-    if size > 65_507 {
-        bail!("{size} bytes do not fit in one UDP datagram");
+    let mut rtts = rtts;
+    rtts.sort_by(f64::total_cmp);
+    Ok(Some(rtts[rtts.len() / 2] / 2.0))
+}
+
+/// The busy-polled UDP socket between ranks 0 and 1 that the `udp-floor` and `udp-exchange`
+/// baselines use, connected (after a handshake) and kept, so that exchanges can be timed in
+/// blocks between blocks of tbrdma's calls (`tbrdma allreduce --paired-with udp-exchange`).
+pub struct UdpPair {
+    sock: UdpSocket,
+    rank: usize,
+    msg: Vec<u8>,
+    buf: Vec<u8>,
+}
+
+impl UdpPair {
+    /// The socket of this rank (0 or 1; other ranks get `None`) for messages of `size` bytes,
+    /// once the other rank has answered.
+    pub fn connect(addrs: &RingAddrs, port: u16, size: usize) -> anyhow::Result<Option<UdpPair>> {
+        if addrs.rank > 1 {
+            return Ok(None);
+        }
+        if size > 65_507 {
+            bail!("{size} bytes do not fit in one UDP datagram");
+        }
+        // Rank 0's next is rank 1: both use the cable between them.
+        let (local, peer) = if addrs.rank == 0 {
+            addrs.to_next
+        } else {
+            (addrs.from_prev, addrs.to_next.1)
+        };
+        let sock = UdpSocket::bind((local, port))?;
+        sock.connect((peer, port))?;
+        sock.set_nonblocking(true)?;
+        let mut buf = vec![0u8; 65_536];
+        // Handshake: rank 0 pings until rank 1 answers.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        if addrs.rank == 0 {
+            loop {
+                sock.send(&[0]).ok();
+                std::thread::sleep(Duration::from_millis(10));
+                if sock.recv(&mut buf).is_ok_and(|n| n == 1) {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("rank 1 never answered over UDP");
+                }
+            }
+        } else {
+            while !sock.recv(&mut buf).is_ok_and(|n| n == 1) {
+                if Instant::now() > deadline {
+                    bail!("rank 0 never pinged over UDP");
+                }
+            }
+            sock.send(&[0])?;
+        }
+        Ok(Some(UdpPair {
+            sock,
+            rank: addrs.rank,
+            msg: vec![7u8; size.max(1)],
+            buf,
+        }))
     }
-    // Rank 0's next is rank 1: both use the cable between them.
-    let (local, peer) = if addrs.rank == 0 {
-        addrs.to_next
-    } else {
-        (addrs.from_prev, addrs.to_next.1)
-    };
-    let sock = UdpSocket::bind((local, port))?;
-    sock.connect((peer, port))?;
-    sock.set_nonblocking(true)?;
-    let msg = vec![7u8; size.max(1)];
-    let mut buf = vec![0u8; 65_536];
-    // Waits for a datagram of the message's length (the handshake's are 1 byte of 0).
-    let recv_msg = |buf: &mut [u8]| -> anyhow::Result<()> {
+
+    /// Waits for a datagram of the message's length (the handshake's are 1 byte of 0).
+    fn recv_msg(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            match sock.recv(buf) {
-                Ok(n) if n == msg.len() && buf[0] == 7 => return Ok(()),
+            match self.sock.recv(&mut self.buf) {
+                Ok(n) if n == self.msg.len() && self.buf[0] == 7 => return Ok(()),
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     if Instant::now() > deadline {
@@ -232,54 +291,36 @@ pub fn udp_floor(
                 Err(e) => return Err(e.into()),
             }
         }
-    };
-    // Handshake: rank 0 pings until rank 1 answers.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    if addrs.rank == 0 {
-        loop {
-            sock.send(&[0]).ok();
-            std::thread::sleep(Duration::from_millis(10));
-            if sock.recv(&mut buf).is_ok_and(|n| n == 1) {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("rank 1 never answered over UDP");
-            }
-        }
-    } else {
-        while !sock.recv(&mut buf).is_ok_and(|n| n == 1) {
-            if Instant::now() > deadline {
-                bail!("rank 0 never pinged over UDP");
-            }
-        }
-        sock.send(&[0])?;
     }
-    let mut rtts = Vec::with_capacity(iters);
-    if exchange {
+
+    /// Times `iters` exchanges (send, then receive the other's), `gap` after each; seconds.
+    pub fn exchanges(&mut self, iters: usize, gap: &mut dyn FnMut()) -> anyhow::Result<Vec<f64>> {
+        let mut times = Vec::with_capacity(iters);
         for _ in 0..iters {
             let start = Instant::now();
-            sock.send(&msg)?;
-            recv_msg(&mut buf)?;
-            rtts.push(start.elapsed().as_secs_f64());
+            self.sock.send(&self.msg)?;
+            self.recv_msg()?;
+            times.push(start.elapsed().as_secs_f64());
             gap();
         }
-        rtts.sort_by(f64::total_cmp);
-        return Ok((addrs.rank == 0).then(|| rtts[rtts.len() / 2]));
+        Ok(times)
     }
-    for _ in 0..iters {
-        if addrs.rank == 0 {
-            let start = Instant::now();
-            sock.send(&msg)?;
-            recv_msg(&mut buf)?;
-            rtts.push(start.elapsed().as_secs_f64());
-        } else {
-            recv_msg(&mut buf)?;
-            sock.send(&msg)?;
+
+    /// `iters` ping-pongs: rank 0 sends and times the round trip, rank 1 echoes (and returns
+    /// no times); seconds.
+    pub fn ping_pongs(&mut self, iters: usize) -> anyhow::Result<Vec<f64>> {
+        let mut rtts = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            if self.rank == 0 {
+                let start = Instant::now();
+                self.sock.send(&self.msg)?;
+                self.recv_msg()?;
+                rtts.push(start.elapsed().as_secs_f64());
+            } else {
+                self.recv_msg()?;
+                self.sock.send(&self.msg)?;
+            }
         }
+        Ok(rtts)
     }
-    if addrs.rank == 1 {
-        return Ok(None);
-    }
-    rtts.sort_by(f64::total_cmp);
-    Ok(Some(rtts[rtts.len() / 2] / 2.0))
 }

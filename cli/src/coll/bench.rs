@@ -7,12 +7,13 @@
 
 use std::time::Instant;
 
-use anyhow::anyhow;
+use anyhow::{anyhow, bail};
 use clap::Args;
 use serde::Serialize;
 use tbrdma_collectives::check::{count_wrong, expected, input};
 use tbrdma_collectives::{Communicator, DType, ReduceOp};
 
+use super::baseline::{RingAddrs, UdpPair};
 use super::compute::Compute;
 use super::{CommArgs, parse_size};
 
@@ -77,6 +78,17 @@ pub struct BenchArgs {
     /// the kernel alone costs a two-rank one-shot all-reduce).
     #[arg(long, default_value = "tbrdma")]
     pub transport: String,
+    /// Times tbrdma's calls in blocks of `--block`, each block between two blocks of this
+    /// baseline run by the same processes over the same cable, and reports tbrdma's mean over
+    /// the baseline's median block by block (`paired` in JSON). Only `udp-exchange`, for a
+    /// two-rank all-reduce of one datagram. On a host whose speed changes from one second to
+    /// the next, a ratio of figures taken seconds apart measures the host; blocks a few
+    /// milliseconds apart share its speed.
+    #[arg(long = "paired-with", value_name = "BASELINE")]
+    pub paired_with: Option<String>,
+    /// Calls per block with `--paired-with` (tbrdma's and the baseline's).
+    #[arg(long, default_value_t = 500)]
+    pub block: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -102,6 +114,30 @@ struct Row {
     /// by loss recovery rather than by scheduling.
     #[serde(skip_serializing_if = "Option::is_none")]
     recovery: Option<Recovery>,
+    /// tbrdma against a baseline timed in blocks between its own (`--paired-with`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    paired: Option<Paired>,
+}
+
+/// tbrdma's calls against a baseline's, block by block (`--paired-with`).
+#[derive(Debug, Serialize, Clone)]
+struct Paired {
+    /// The baseline (`udp-exchange`).
+    baseline: String,
+    /// Blocks of tbrdma's calls; the baseline ran one more (one before each and one after the
+    /// last).
+    blocks: usize,
+    /// Calls per block.
+    block: usize,
+    /// The median of the baseline's per-block medians (rank 0's, as `--transport
+    /// udp-exchange` reports it), microseconds.
+    baseline_us: f64,
+    /// The median over tbrdma's blocks of its mean (the slowest rank's) over the geometric
+    /// mean of the medians of the baseline's blocks before and after it: the figure issue 16's
+    /// target (mean within 1.3x the exchange floor) is judged on.
+    ratio_mean: f64,
+    /// The same with tbrdma's per-block median (the slowest rank's).
+    ratio_median: f64,
 }
 
 #[derive(Debug, Serialize, Clone, Copy)]
@@ -213,13 +249,20 @@ fn print_row(row: &Row, json: bool) -> anyhow::Result<()> {
             ),
             None => println!(),
         }
+        if let Some(p) = &row.paired {
+            println!(
+                "#   paired with {} in {} blocks of {} calls: its median {:.2} us; block by \
+                 block, tbrdma's mean / it {:.2}, median / it {:.2} (medians over blocks)",
+                p.baseline, p.blocks, p.block, p.baseline_us, p.ratio_mean, p.ratio_median
+            );
+        }
     }
     Ok(())
 }
 
 /// The same sweep over a baseline transport (see [`super::baseline`]).
 fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow::Result<u64> {
-    use super::baseline::{RingAddrs, TcpRing, udp_floor};
+    use super::baseline::{TcpRing, udp_floor};
     let addrs = RingAddrs::load(args.comm.hostfile.as_ref(), args.comm.rank)?;
     let (rank, world) = (addrs.rank(), addrs.world());
     let port = args.comm.port.wrapping_add(900);
@@ -324,6 +367,7 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                     busbw_gbs: algbw * factor,
                     wrong: total_wrong,
                     recovery: None,
+                    paired: None,
                 };
                 print_row(&row, args.json)?;
             }
@@ -388,34 +432,77 @@ fn measure(
         }
         Ok(())
     };
+    let mut pair = match args.paired_with.as_deref() {
+        None => None,
+        Some("udp-exchange") if kind == Kind::AllReduce && world == 2 => {
+            let addrs = RingAddrs::load(args.comm.hostfile.as_ref(), args.comm.rank)?;
+            UdpPair::connect(&addrs, args.comm.port.wrapping_add(900), count * es)?
+        }
+        Some("udp-exchange") => bail!("--paired-with udp-exchange pairs a two-rank all-reduce"),
+        Some(other) => bail!("--paired-with {other:?}: only udp-exchange"),
+    };
+    let block = args.block.max(1);
+    let mut gap = Compute::new(args.gap_us, args.gap_touch_mib);
     for _ in 0..args.warmup {
         once(comm, &inp, &mut out)?;
+    }
+    if let Some(pair) = pair.as_mut() {
+        pair.exchanges(args.warmup.min(block), &mut || gap.run())?;
     }
     comm.barrier()?;
     let before = recovery(comm);
     let mut wrong = 0u64;
     let mut per_call = Vec::with_capacity(args.iters);
-    let mut gap = Compute::new(args.gap_us, args.gap_touch_mib);
     let mut live = inp.clone();
-    for _ in 0..args.iters {
-        if gap.is_active() {
-            // After a gap, the input and the output are written first, as a model's compute
-            // leaves the tensor it hands over (and as the TCP ring's in-place buffer is
-            // refreshed before each call): a gap that evicted the caches must not leave this
-            // side's buffers cold while the baseline's are warm.
-            live.copy_from_slice(&inp);
-            out.fill(0xAA);
-        } else if args.check {
-            out.fill(0xAA);
+    // Without a pairing, one block of every call.
+    let blocks = if pair.is_some() {
+        args.iters.div_ceil(block)
+    } else {
+        1
+    };
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for b in 0..blocks {
+        let calls = if pair.is_some() {
+            block.min(args.iters - b * block)
+        } else {
+            args.iters
+        };
+        if let Some(pair) = pair.as_mut() {
+            theirs.push(median_of(pair.exchanges(block, &mut || gap.run())?));
         }
-        let start = Instant::now();
-        once(comm, &live, &mut out)?;
-        per_call.push(start.elapsed().as_secs_f64());
-        if args.check {
-            wrong += count_wrong(dtype, &out, &want) as u64;
+        let first = per_call.len();
+        for _ in 0..calls {
+            if gap.is_active() {
+                // After a gap, the input and the output are written first, as a model's compute
+                // leaves the tensor it hands over (and as the TCP ring's in-place buffer is
+                // refreshed before each call): a gap that evicted the caches must not leave this
+                // side's buffers cold while the baseline's are warm.
+                live.copy_from_slice(&inp);
+                out.fill(0xAA);
+            } else if args.check {
+                out.fill(0xAA);
+            }
+            let start = Instant::now();
+            once(comm, &live, &mut out)?;
+            per_call.push(start.elapsed().as_secs_f64());
+            if args.check {
+                wrong += count_wrong(dtype, &out, &want) as u64;
+            }
+            gap.run();
         }
-        gap.run();
+        let this_block = &per_call[first..];
+        ours.push((
+            this_block.iter().sum::<f64>() / this_block.len().max(1) as f64,
+            median_of(this_block.to_vec()),
+        ));
     }
+    if let Some(pair) = pair.as_mut() {
+        theirs.push(median_of(pair.exchanges(block, &mut || gap.run())?));
+    }
+    let paired = match args.paired_with.as_deref() {
+        Some(baseline) => Some(pairing(comm, baseline, block, &ours, &theirs)?),
+        None => None,
+    };
     let times = super::CallTimes::new(per_call);
     let (mean, median, p99) = (times.mean, times.quantile(0.5), times.quantile(0.99));
     // Every rank reports the slowest rank's mean, median and p99, and the sums over ranks of
@@ -466,7 +553,52 @@ fn measure(
             tail_probes: recovery_all[1] as u64,
             timeouts: recovery_all[2] as u64,
         }),
+        paired,
     })
+}
+
+/// The median of `v` (0 when empty).
+fn median_of(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// tbrdma's blocks (`ours`: this rank's mean and median per block) against the baseline's
+/// (`theirs`: the median of each, one more than ours, one before each of ours and one after
+/// the last): the slowest rank's figures for ours, rank 0's for theirs (as the baseline
+/// reports itself), then [`block_ratios`].
+fn pairing(
+    comm: &mut Communicator,
+    baseline: &str,
+    block: usize,
+    ours: &[(f64, f64)],
+    theirs: &[f64],
+) -> anyhow::Result<Paired> {
+    let rank0 = comm.rank() == 0;
+    let mut all: Vec<f64> = ours.iter().map(|o| o.0).collect();
+    all.extend(ours.iter().map(|o| o.1));
+    all.extend(theirs.iter().map(|&t| if rank0 { t } else { 0.0 }));
+    comm.all_reduce_in_place(&mut all, ReduceOp::Max)?;
+    let n = ours.len();
+    let (means, rest) = all.split_at(n);
+    let (medians, theirs) = rest.split_at(n);
+    Ok(Paired {
+        baseline: baseline.to_string(),
+        blocks: n,
+        block,
+        baseline_us: median_of(theirs.to_vec()) * 1e6,
+        ratio_mean: median_of(block_ratios(means, theirs)),
+        ratio_median: median_of(block_ratios(medians, theirs)),
+    })
+}
+
+/// Each of `ours` over the geometric mean of the two of `theirs` beside it (`theirs[i]` ran
+/// just before `ours[i]`, `theirs[i + 1]` just after).
+fn block_ratios(ours: &[f64], theirs: &[f64]) -> Vec<f64> {
+    ours.iter()
+        .zip(theirs.windows(2))
+        .map(|(o, t)| o / (t[0] * t[1]).sqrt())
+        .collect()
 }
 
 /// This rank's loss recovery so far, over all its links.
@@ -508,7 +640,18 @@ pub fn main(kind: Kind, args: BenchArgs) -> anyhow::Result<std::process::ExitCod
 
 #[cfg(test)]
 mod tests {
-    use super::sizes;
+    use super::{block_ratios, median_of, sizes};
+
+    #[test]
+    fn each_block_is_judged_against_the_baseline_blocks_beside_it() {
+        // The baseline ran 4 µs, then 16 µs (a slower second), then 9 µs; ours 12 and 18.
+        let ratios = block_ratios(&[12.0, 18.0], &[4.0, 16.0, 9.0]);
+        assert_eq!(ratios.len(), 2);
+        assert!((ratios[0] - 12.0 / 8.0).abs() < 1e-12, "{ratios:?}");
+        assert!((ratios[1] - 18.0 / 12.0).abs() < 1e-12, "{ratios:?}");
+        assert_eq!(median_of(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median_of(Vec::new()), 0.0);
+    }
 
     #[test]
     fn a_sweep_doubles_up_to_the_maximum() {
