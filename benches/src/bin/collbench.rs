@@ -423,7 +423,7 @@ fn report(
         }
     }
     println!(
-        "\n{:<44} {:>6} {:>8} {:>7}  per round",
+        "\n{:<52} {:>6} {:>8} {:>7}  per round",
         "ratio (medians of per-round ratios)", "value", "target", "verdict"
     );
     let mut all_pass = true;
