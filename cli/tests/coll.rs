@@ -16,6 +16,9 @@ use tbrdma_tests::Lab;
 
 const TBRDMA: &str = env!("CARGO_BIN_EXE_tbrdma");
 
+/// A JSON all-reduce of 16 KiB, the start of most commands here.
+const ALLREDUCE_16K: [&str; 6] = ["allreduce", "-b", "16K", "-e", "16K", "--json"];
+
 /// One pair of busy-polling ranks at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 /// Fresh connection-manager ports per run (each run uses a few from its base).
@@ -217,18 +220,7 @@ fn the_tcp_ring_and_udp_baselines_run_over_the_same_cable() {
     let Some((_serial, lab)) = lab("cbase") else {
         return;
     };
-    let common = [
-        "allreduce",
-        "-b",
-        "16K",
-        "-e",
-        "16K",
-        "--json",
-        "-n",
-        "20",
-        "-w",
-        "2",
-    ];
+    let common = [&ALLREDUCE_16K[..], &["-n", "20", "-w", "2"]].concat();
     let tcp = [&common[..], &["--transport", "tcp", "--check", "-d", "f16"]].concat();
     let rows_tcp = rows(&both(&lab, &tcp), "tcp ring");
     assert_eq!(rows_tcp.len(), 1);
@@ -272,23 +264,12 @@ fn allreduce_paired_with_the_udp_exchange_reports_both_block_by_block() {
     let Some((_serial, lab)) = lab("cpair") else {
         return;
     };
+    let plain = [&ALLREDUCE_16K[..], &["--check", "-n", "230", "-w", "5"]].concat();
     let args = [
-        "allreduce",
-        "-b",
-        "16K",
-        "-e",
-        "16K",
-        "--json",
-        "--check",
-        "-n",
-        "230",
-        "-w",
-        "5",
-        "--paired-with",
-        "udp-exchange",
-        "--block",
-        "50",
-    ];
+        &plain[..],
+        &["--paired-with", "udp-exchange", "--block", "50"],
+    ]
+    .concat();
     let got = rows(&both(&lab, &args), "paired all-reduce");
     assert_eq!(got.len(), 1);
     let row = &got[0];
@@ -303,11 +284,15 @@ fn allreduce_paired_with_the_udp_exchange_reports_both_block_by_block() {
         assert!(v.is_finite() && v > 0.0, "{key} in {row}");
     }
     // Without the option there is no pairing in the row.
-    let plain = rows(&both(&lab, &args[..11]), "plain all-reduce");
+    let plain = rows(&both(&lab, &plain), "plain all-reduce");
     assert!(plain[0].get("paired").is_none(), "{}", plain[0]);
     // Only the exchange can be paired.
-    let mut tcp = args.to_vec();
-    tcp[12] = "tcp";
+    let mut tcp = args.clone();
+    let at = tcp
+        .iter()
+        .position(|&a| a == "udp-exchange")
+        .expect("the baseline");
+    tcp[at] = "tcp";
     let out = both(&lab, &tcp);
     let err = text(&out[0].stderr);
     assert!(!out[0].status.success(), "{err}");

@@ -519,29 +519,44 @@ fn a_uring_ring_opened_on_one_thread_receives_when_polled_on_another() {
     poller.join().unwrap();
 }
 
-/// The packet backend over `lo`: every size arrives intact from the right address, in full
-/// batches of small ones too, and `wait` returns on data. Needs root (`CAP_NET_RAW`); without
-/// it `open` falls back to sockets and says why, which is checked instead.
-#[test]
-fn packet_backend_moves_every_size_and_wakes_on_data() {
+/// Two packet backends on loopback addresses (sender, its address, receiver, its address), or
+/// `None` without root: `open` then falls back to sockets and says why, which is checked.
+#[allow(clippy::type_complexity)]
+fn packet_pair() -> Option<(
+    Box<dyn DatagramIo>,
+    SocketAddr,
+    Box<dyn DatagramIo>,
+    SocketAddr,
+)> {
     let ip = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
     let (tx_socket, rx_socket) = (socket_at(ip), socket_at(ip));
     let (from, to) = (
         tx_socket.local_addr().unwrap(),
         rx_socket.local_addr().unwrap(),
     );
-    let (mut tx, why) = open(EngineKind::Packet, tx_socket, MAX_DATAGRAM, false).expect("open");
+    let (tx, why) = open(EngineKind::Packet, tx_socket, MAX_DATAGRAM, false).expect("open");
     if let Some(why) = why {
         assert_eq!(tx.kind(), EngineKind::Sockets);
         assert!(why.contains("packet engine"), "{why}");
         println!("skipping: {why}");
-        return;
+        return None;
     }
-    let (mut rx, _) = open(EngineKind::Packet, rx_socket, MAX_DATAGRAM, false).expect("open");
+    let (rx, _) = open(EngineKind::Packet, rx_socket, MAX_DATAGRAM, false).expect("open");
     assert_eq!(
         (tx.kind(), rx.kind()),
         (EngineKind::Packet, EngineKind::Packet)
     );
+    Some((tx, from, rx, to))
+}
+
+/// The packet backend over `lo`: every size arrives intact from the right address, in full
+/// batches of small ones too, and `wait` returns on data. Needs root (`CAP_NET_RAW`); without
+/// it `open` falls back to sockets and says why, which is checked instead.
+#[test]
+fn packet_backend_moves_every_size_and_wakes_on_data() {
+    let Some((mut tx, from, mut rx, to)) = packet_pair() else {
+        return;
+    };
     // The receive ring holds RING_FRAMES frames whatever their size (a fuller burst is
     // dropped, for the protocol to resend): `exchange` counts 1 KiB and more per datagram
     // against a quarter of the budget, so bursts stay a few frames short of it.
@@ -581,18 +596,9 @@ fn packet_backend_moves_every_size_and_wakes_on_data() {
 /// around 2 KiB included. Needs root, like the test above.
 #[test]
 fn packet_backend_sends_gathered_datagrams_intact_at_every_size() {
-    let ip = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let (tx_socket, rx_socket) = (socket_at(ip), socket_at(ip));
-    let (from, to) = (
-        tx_socket.local_addr().unwrap(),
-        rx_socket.local_addr().unwrap(),
-    );
-    let (mut tx, why) = open(EngineKind::Packet, tx_socket, MAX_DATAGRAM, false).expect("open");
-    if let Some(why) = why {
-        println!("skipping: {why}");
+    let Some((mut tx, from, mut rx, to)) = packet_pair() else {
         return;
-    }
-    let (mut rx, _) = open(EngineKind::Packet, rx_socket, MAX_DATAGRAM, false).expect("open");
+    };
     const HEADER: usize = 40;
     let region = Arc::new(Buffer::allocate(1 << 20, false).expect("a region"));
     let fill = payload(99, region.len());
