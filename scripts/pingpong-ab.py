@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Alternating A/B of `tbrdma pingpong` (the tool users run) between two builds.
 
-    sudo scripts/pingpong-ab.py ROUNDS OP SIZE ITERS TBRDMA_A TBRDMA_B
+    sudo [ENGINE=packet] scripts/pingpong-ab.py ROUNDS OP SIZE ITERS TBRDMA_A TBRDMA_B
 
 Makes a two-namespace lab over one veth cable (with TBRDMA_A), and in every round runs
 `pingpong --op OP -s SIZE -n ITERS --warmup 1000` once per build, server pinned to CPU 1 and
 client to CPU 0, the builds' order reversed every other round (the host's drift then hits both
-alike); takes the lab down at the end. Prints, per build, the median of the rounds' one-way
-`t_typical` (median) and `t_avg`, and the median of the per-round ratios B/A.
+alike); takes the lab down at the end. ENGINE picks `--engine` (default: pingpong's own,
+sockets): an A/B of a change to the packet engine needs ENGINE=packet. Prints, per build, the
+median of the rounds' one-way `t_typical` (median) and `t_avg`, and the median of the
+per-round ratios B/A.
 """
 
 import statistics
@@ -15,10 +17,14 @@ import subprocess
 import sys
 import time
 
+ENGINE = subprocess.os.environ.get("ENGINE")  # --engine, when set
+
 
 def run(binary, lab, server_ip, op, size, iters):
     """One pingpong run; returns (t_typical, t_avg) in microseconds, or None."""
     args = ["pingpong", "--op", op, "-s", size, "-n", iters, "--warmup", "1000"]
+    if ENGINE:
+        args += ["--engine", ENGINE]
     server = subprocess.Popen(
         ["ip", "netns", "exec", f"tbl-{lab}-r0", "taskset", "-c", "1", binary] + args,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
