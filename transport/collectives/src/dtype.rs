@@ -10,7 +10,6 @@ use std::fmt;
 use std::str::FromStr;
 
 use half::{bf16, f16};
-use multiversion::multiversion;
 
 use crate::half_float;
 use crate::reduce_op::ReduceOp;
@@ -234,10 +233,7 @@ int_lane!(i64, 8);
 
 /// Operators as const parameters, so each kernel below is compiled once per operator with the
 /// `match` in [`Lane::apply`] folded away: the loops then vectorise (a runtime operator per
-/// element kept them scalar, about 8× slower at 16 KiB of f32). The two loops are also cloned
-/// for AVX2 and AVX-512 by `multiversion`, as the 16-bit float kernels are: the baseline build
-/// vectorises with SSE2 only, and callgrind counted 3650 fewer instructions per two-rank
-/// 16 KiB f32 all-reduce with the AVX2 clone (59 074 instead of 62 724 per call on rank 0).
+/// element kept them scalar, about 8× slower at 16 KiB of f32).
 const SUM: u8 = 0;
 const PROD: u8 = 1;
 const MIN: u8 = 2;
@@ -262,7 +258,6 @@ enum Form {
     Left,
 }
 
-#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2"))]
 fn zip_lanes<L: Lane, const OP: u8>(form: Form, acc: &mut [u8], x: &[u8]) {
     let op = op_of(OP);
     let pairs = acc.chunks_exact_mut(L::N).zip(x.chunks_exact(L::N));
@@ -272,7 +267,6 @@ fn zip_lanes<L: Lane, const OP: u8>(form: Form, acc: &mut [u8], x: &[u8]) {
     }
 }
 
-#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl", "x86_64+avx2"))]
 fn zip3_lanes<L: Lane, const OP: u8>(out: &mut [u8], a: &[u8], b: &[u8]) {
     let op = op_of(OP);
     for ((o, x), y) in out
