@@ -202,17 +202,11 @@ pub fn udp_floor(
         return Ok(None);
     };
     if exchange {
-        let mut times = pair.exchanges(iters, gap)?;
-        times.sort_by(f64::total_cmp);
-        return Ok((addrs.rank == 0).then(|| times[times.len() / 2]));
+        let times = super::CallTimes::new(pair.exchanges(iters, gap)?);
+        return Ok((addrs.rank == 0).then(|| times.quantile(0.5)));
     }
-    let rtts = pair.ping_pongs(iters)?;
-    if addrs.rank == 1 {
-        return Ok(None);
-    }
-    let mut rtts = rtts;
-    rtts.sort_by(f64::total_cmp);
-    Ok(Some(rtts[rtts.len() / 2] / 2.0))
+    let rtts = super::CallTimes::new(pair.ping_pongs(iters)?);
+    Ok((addrs.rank == 0).then(|| rtts.quantile(0.5) / 2.0))
 }
 
 /// The busy-polled UDP socket between ranks 0 and 1 that the `udp-floor` and `udp-exchange`

@@ -490,11 +490,8 @@ fn measure(
             }
             gap.run();
         }
-        let this_block = &per_call[first..];
-        ours.push((
-            this_block.iter().sum::<f64>() / this_block.len().max(1) as f64,
-            median_of(this_block.to_vec()),
-        ));
+        let this_block = super::CallTimes::new(per_call[first..].to_vec());
+        ours.push((this_block.mean, this_block.quantile(0.5)));
     }
     if let Some(pair) = pair.as_mut() {
         theirs.push(median_of(pair.exchanges(block, &mut || gap.run())?));
@@ -558,9 +555,8 @@ fn measure(
 }
 
 /// The median of `v` (0 when empty).
-fn median_of(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
+fn median_of(v: Vec<f64>) -> f64 {
+    super::CallTimes::new(v).quantile(0.5)
 }
 
 /// tbrdma's blocks (`ours`: this rank's mean and median per block) against the baseline's
