@@ -3,7 +3,8 @@
 //! The child enters its namespace before anything else (while it has one thread, which
 //! `unshare` of the mount namespace requires), pins itself to its CPU, raises its memlock
 //! limit, then serves or measures. A server prints `ready` once its socket listens; a client
-//! prints one `RESULT key=value…` line. Neither ever waits forever: a case that stops making
+//! prints one `RESULT key=value…` line (and a tbrdma ping-pong's client a `PAIRED` line, its
+//! ratios to the floor it ran in lockstep with, [`crate::pairing`]). Neither ever waits forever: a case that stops making
 //! progress fails after [`STALL`].
 
 use std::collections::HashMap;
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use hdrhistogram::Histogram;
 
+use crate::pairing::Paired;
 use crate::{Bench, Case, frames, kernel, rdma};
 
 /// Longest a case may go without progress before it fails.
@@ -40,6 +42,8 @@ pub struct ChildArgs {
     pub iters: u64,
     /// Length of a bandwidth case.
     pub duration: Duration,
+    /// Round trips per block of a tbrdma ping-pong paired with its floor ([`crate::pairing`]).
+    pub block: u64,
 }
 
 impl ChildArgs {
@@ -57,6 +61,7 @@ impl ChildArgs {
             format!("warmup={}", self.warmup),
             format!("iters={}", self.iters),
             format!("seconds={}", self.duration.as_secs_f64()),
+            format!("block={}", self.block),
         ]
     }
 
@@ -84,6 +89,7 @@ impl ChildArgs {
             warmup: get("warmup")?.parse().context("warmup=")?,
             iters: get("iters")?.parse().context("iters=")?,
             duration: Duration::from_secs_f64(get("seconds")?.parse().context("seconds=")?),
+            block: get("block")?.parse().context("block=")?,
         })
     }
 
@@ -91,13 +97,30 @@ impl ChildArgs {
     pub fn total(&self) -> u64 {
         self.warmup + self.iters
     }
+
+    /// Where the server of a tbrdma ping-pong serves its floor ([`crate::pairing`]): the case's
+    /// address, [`FLOOR_PORT_OFFSET`] ports up.
+    pub fn floor_addr(&self) -> anyhow::Result<SocketAddr> {
+        let port = self
+            .server_addr
+            .port()
+            .checked_add(FLOOR_PORT_OFFSET)
+            .ok_or_else(|| anyhow!("port {} has no floor port", self.server_addr.port()))?;
+        Ok(SocketAddr::new(self.server_addr.ip(), port))
+    }
 }
+
+/// How far above a tbrdma case's port its paired floor listens (the parent keeps both in
+/// range).
+pub const FLOOR_PORT_OFFSET: u16 = 20_000;
 
 /// What a client measured.
 #[derive(Debug)]
 pub enum Measured {
     /// Round trips of the measured iterations.
     RoundTrips(RoundTrips),
+    /// A tbrdma ping-pong's round trips, and its ratios to the floor run in lockstep with it.
+    Paired(RoundTrips, Paired),
     /// Bytes moved in a time.
     Bandwidth { bytes: u64, elapsed: Duration },
 }
@@ -163,21 +186,32 @@ fn run(args: &ChildArgs) -> anyhow::Result<()> {
         (Bench::WriteBandwidth(_), false) => rdma::bandwidth_client(args)?,
     };
     match measured {
-        Measured::RoundTrips(RoundTrips(h)) => println!(
-            "RESULT count={} p50={} p99={} mean={:.0} min={} max={} over_1ms={}",
-            h.len(),
-            h.value_at_quantile(0.5),
-            h.value_at_quantile(0.99),
-            h.mean(),
-            h.min(),
-            h.max(),
-            h.count_between(1_000_000, u64::MAX)
-        ),
+        Measured::RoundTrips(rtts) => print_round_trips(&rtts),
+        Measured::Paired(rtts, paired) => {
+            print_round_trips(&rtts);
+            println!(
+                "PAIRED blocks={} floor_p50={:.0} ratio_p50={:.4} ratio_mean={:.4}",
+                paired.blocks, paired.floor_p50, paired.ratio_p50, paired.ratio_mean
+            );
+        }
         Measured::Bandwidth { bytes, elapsed } => {
             println!("RESULT bytes={bytes} nanos={}", elapsed.as_nanos())
         }
     }
     Ok(())
+}
+
+fn print_round_trips(RoundTrips(h): &RoundTrips) {
+    println!(
+        "RESULT count={} p50={} p99={} mean={:.0} min={} max={} over_1ms={}",
+        h.len(),
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.99),
+        h.mean(),
+        h.min(),
+        h.max(),
+        h.count_between(1_000_000, u64::MAX)
+    );
 }
 
 /// Entry point of `linkbench --child …`.

@@ -23,18 +23,19 @@
 //! the kernel's neighbour table has no entry for its destination (it asks the kernel to
 //! resolve it): in a lab just made, the first frame is lost. So each frame's first 8 bytes
 //! number its message (and the 9th, in a message of several frames, the frame), the server
-//! echoes until it has echoed the last message, and during the warm-up the client sends a
+//! echoes every message it receives whole (a message sent twice, twice), and during the warm-up the client sends a
 //! message again when its echo is late, ignoring stale echoes. The timed round trips are never
 //! resent.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use tbrdma_engine::io::packet::PacketIo;
 use tbrdma_engine::io::{DatagramIo, Received, TxBatch};
 
-use crate::child::{ChildArgs, Measured, RoundTrips, check_stall, datagram_lengths, ready};
+use crate::child::{ChildArgs, Measured, check_stall, datagram_lengths, ready};
+use crate::pairing::{Echoer, Pinger, run_alone, serve_alone};
 
 /// Largest datagram of the floor (a UDP datagram's largest payload, as the UDP floor uses).
 const MAX_DATAGRAM: usize = 65_507;
@@ -108,98 +109,162 @@ fn all_frames(frames: usize) -> u64 {
     }
 }
 
-/// Echoes every message once all its frames are in, copying each out of the ring into the
-/// echo, until it has echoed the last message (number `total − 1`).
-pub fn frame_server(args: &ChildArgs) -> anyhow::Result<()> {
-    let mut io = open(args.server_addr)?;
-    let frames = datagram_lengths(args.case.size, MAX_DATAGRAM).len();
-    ensure!(
-        frames <= MAX_FRAMES,
-        "{} B takes more than {MAX_FRAMES} frames",
-        args.case.size
-    );
-    let mut batch = TxBatch::new(frames, MAX_DATAGRAM);
-    let last = args.total().saturating_sub(1);
-    // The message being gathered, and which of its frames are in.
-    let mut current = None;
-    let mut have = 0u64;
-    ready();
-    loop {
-        let mut complete = None;
-        receive(
-            &mut io,
-            &mut |data, from| {
-                let Some((seq, index)) = frame_id(data, frames) else {
-                    return;
-                };
-                if current != Some(seq) {
-                    // A new message (or the client's resend during the warm-up): start over.
-                    batch.clear();
-                    current = Some(seq);
-                    have = 0;
-                }
-                if have & (1 << index) != 0 {
-                    return;
-                }
-                have |= 1 << index;
-                if let Some(buf) = batch.next_buf() {
-                    buf[..data.len()].copy_from_slice(data);
-                    batch.commit(data.len(), from);
-                }
-                if have == all_frames(frames) {
-                    complete = Some(seq);
-                }
-            },
-            "waiting for a frame",
-            None,
-        )?;
-        let Some(seq) = complete else { continue };
-        io.send(&mut batch).context("echoing a message")?;
-        current = None;
-        if seq == last {
-            return Ok(());
+/// The raw-frame floor's server: the packet backend, and the message being gathered.
+pub struct FrameEchoer {
+    io: PacketIo,
+    frames: usize,
+    batch: TxBatch,
+    /// The message being gathered, and which of its frames are in.
+    current: Option<u64>,
+    have: u64,
+    /// The number of the message the next [`Echoer::echo`] waits for.
+    expected: u64,
+}
+
+impl FrameEchoer {
+    /// The backend on `addr`, for messages of `size` bytes.
+    pub fn open(addr: SocketAddr, size: usize) -> anyhow::Result<FrameEchoer> {
+        let frames = datagram_lengths(size, MAX_DATAGRAM).len();
+        ensure!(
+            frames <= MAX_FRAMES,
+            "{size} B takes more than {MAX_FRAMES} frames"
+        );
+        Ok(FrameEchoer {
+            io: open(addr)?,
+            frames,
+            batch: TxBatch::new(frames, MAX_DATAGRAM),
+            current: None,
+            have: 0,
+            expected: 0,
+        })
+    }
+}
+
+impl Echoer for FrameEchoer {
+    /// Echoes every message once all its frames are in, copying each out of the ring into the
+    /// echo, until it has echoed the one it expects (a warm-up message the client sent again
+    /// is echoed again).
+    fn echo(&mut self) -> anyhow::Result<()> {
+        let Self {
+            io,
+            frames,
+            batch,
+            current,
+            have,
+            expected,
+        } = self;
+        let frames = *frames;
+        loop {
+            let mut complete = None;
+            receive(
+                io,
+                &mut |data, from| {
+                    let Some((seq, index)) = frame_id(data, frames) else {
+                        return;
+                    };
+                    if *current != Some(seq) {
+                        // A new message (or the client's resend during the warm-up): start over.
+                        batch.clear();
+                        *current = Some(seq);
+                        *have = 0;
+                    }
+                    if *have & (1 << index) != 0 {
+                        return;
+                    }
+                    *have |= 1 << index;
+                    if let Some(buf) = batch.next_buf() {
+                        buf[..data.len()].copy_from_slice(data);
+                        batch.commit(data.len(), from);
+                    }
+                    if *have == all_frames(frames) {
+                        complete = Some(seq);
+                    }
+                },
+                "waiting for a frame",
+                None,
+            )?;
+            let Some(seq) = complete else { continue };
+            io.send(batch).context("echoing a message")?;
+            *current = None;
+            if seq == *expected {
+                *expected += 1;
+                return Ok(());
+            }
         }
     }
 }
 
-/// Sends a message of the case's size, spins until all of its echo is back; one round trip
-/// each.
-pub fn frame_client(args: &ChildArgs) -> anyhow::Result<Measured> {
-    let size = args.case.size;
-    let lengths = datagram_lengths(size, MAX_DATAGRAM);
-    let frames = lengths.len();
-    ensure!(
-        size >= SEQ_LEN && frames <= MAX_FRAMES,
-        "a message of {size} bytes cannot be numbered in at most {MAX_FRAMES} frames"
-    );
-    // A port of our own for the shim; the socket itself stays unused.
-    let mut io = open(SocketAddr::new(args.ip, 0))?;
-    io.set_peer(Some(args.server_addr))?;
-    let mut out = TxBatch::new(frames, MAX_DATAGRAM);
-    // Where each echoed frame is copied, at its place in the message.
-    let mut landing = vec![0u8; size];
-    let message = vec![0xa5u8; size];
-    let mut rtts = RoundTrips::new();
-    for i in 0..args.total() {
-        let warming = i < args.warmup;
+/// Echoes every message of the case.
+pub fn frame_server(args: &ChildArgs) -> anyhow::Result<()> {
+    let mut echoer = FrameEchoer::open(args.server_addr, args.case.size)?;
+    ready();
+    serve_alone(&mut echoer, args)
+}
+
+/// The raw-frame floor's client: the packet backend, the message's frames, where the echo
+/// lands, and the number of the next message.
+pub struct FramePinger {
+    io: PacketIo,
+    server: SocketAddr,
+    lengths: Vec<usize>,
+    out: TxBatch,
+    landing: Vec<u8>,
+    message: Vec<u8>,
+    next: u64,
+}
+
+impl FramePinger {
+    /// The backend on `ip` (a port of its own for the shim; the socket itself stays unused),
+    /// sending messages of `size` bytes to `server`.
+    pub fn open(ip: IpAddr, server: SocketAddr, size: usize) -> anyhow::Result<FramePinger> {
+        let lengths = datagram_lengths(size, MAX_DATAGRAM);
+        let frames = lengths.len();
+        ensure!(
+            size >= SEQ_LEN && frames <= MAX_FRAMES,
+            "a message of {size} bytes cannot be numbered in at most {MAX_FRAMES} frames"
+        );
+        let mut io = open(SocketAddr::new(ip, 0))?;
+        io.set_peer(Some(server))?;
+        Ok(FramePinger {
+            io,
+            server,
+            lengths,
+            out: TxBatch::new(frames, MAX_DATAGRAM),
+            landing: vec![0u8; size],
+            message: vec![0xa5u8; size],
+            next: 0,
+        })
+    }
+}
+
+impl Pinger for FramePinger {
+    /// Sends the next message, spins until all of its echo is back. While `warming`, a message
+    /// whose echo is late is sent again (echoes of the first copy are then stale); a timed
+    /// round trip is never resent.
+    fn round_trip(&mut self, warming: bool) -> anyhow::Result<Duration> {
+        let i = self.next;
+        self.next += 1;
+        let size = self.message.len();
+        let frames = self.lengths.len();
         let rtt = 'echoed: loop {
             // Outside the time, as the UDP floor sends from its message in place.
             let mut at = 0;
-            for (index, &len) in lengths.iter().enumerate() {
-                let buf = out.next_buf().expect("the batch has a slot per frame");
-                buf[..len].copy_from_slice(&message[at..at + len]);
+            for (index, &len) in self.lengths.iter().enumerate() {
+                let buf = self.out.next_buf().expect("the batch has a slot per frame");
+                buf[..len].copy_from_slice(&self.message[at..at + len]);
                 buf[..SEQ_LEN].copy_from_slice(&i.to_le_bytes());
                 if frames > 1 {
                     buf[SEQ_LEN] = index as u8;
                 }
-                out.commit(len, args.server_addr);
+                self.out.commit(len, self.server);
                 at += len;
             }
             let start = Instant::now();
-            io.send(&mut out).context("sending a message")?;
+            self.io.send(&mut self.out).context("sending a message")?;
             let mut have = 0u64;
             while have != all_frames(frames) {
                 let patience = warming.then_some(WARMUP_PATIENCE);
+                let (lengths, landing) = (&self.lengths, &mut self.landing);
                 let mut each = |data: &[u8], _from: SocketAddr| {
                     // Echoes of an earlier message (sent twice during the warm-up) are stale.
                     let Some((_, index)) = frame_id(data, frames).filter(|&(s, _)| s == i) else {
@@ -210,16 +275,20 @@ pub fn frame_client(args: &ChildArgs) -> anyhow::Result<Measured> {
                     landing[offset..offset + n].copy_from_slice(&data[..n]);
                     have |= 1 << index;
                 };
-                if !receive(&mut io, &mut each, "waiting for the echo", patience)? {
+                if !receive(&mut self.io, &mut each, "waiting for the echo", patience)? {
                     // Late: send it again.
                     continue 'echoed;
                 }
             }
             break start.elapsed();
         };
-        if !warming {
-            rtts.record(rtt);
-        }
+        Ok(rtt)
     }
-    Ok(Measured::RoundTrips(rtts))
+}
+
+/// Sends a message of the case's size, spins until all of its echo is back; one round trip
+/// each.
+pub fn frame_client(args: &ChildArgs) -> anyhow::Result<Measured> {
+    let mut pinger = FramePinger::open(args.ip, args.server_addr, args.case.size)?;
+    Ok(Measured::RoundTrips(run_alone(&mut pinger, args)?))
 }

@@ -9,12 +9,13 @@
 //! - TCP stream: one connection, blocking writes of 1 MiB, the reader reading.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 
 use crate::child::{ChildArgs, Measured, RoundTrips, check_stall, datagram_lengths, ready};
+use crate::pairing::{Echoer, Pinger, run_alone, serve_alone};
 
 /// Largest UDP payload the floor sends: the most an IPv4 packet of the lab's 65 520-byte MTU
 /// carries after its 28 bytes of headers. A datagram of up to 65 507 bytes is legal, but beyond
@@ -67,22 +68,36 @@ fn spin<T>(
     }
 }
 
-/// Echoes `total` messages, busy-polling: receives every datagram of one, then sends them all
-/// back.
-pub fn udp_server(args: &ChildArgs) -> anyhow::Result<()> {
-    let sock = UdpSocket::bind(args.server_addr).context("binding the UDP socket")?;
-    sock.set_nonblocking(true)?;
-    let datagrams = datagram_lengths(args.case.size, UDP_MAX).len();
-    let mut bufs = vec![vec![0u8; 65_536]; datagrams];
-    let mut lens = vec![0usize; datagrams];
-    ready();
-    for _ in 0..args.total() {
+/// The UDP floor's server: one nonblocking socket, a buffer per datagram of a message.
+pub struct UdpEchoer {
+    sock: UdpSocket,
+    bufs: Vec<Vec<u8>>,
+    lens: Vec<usize>,
+}
+
+impl UdpEchoer {
+    /// Binds `addr` for messages of `size` bytes.
+    pub fn bind(addr: SocketAddr, size: usize) -> anyhow::Result<UdpEchoer> {
+        let sock = UdpSocket::bind(addr).context("binding the UDP socket")?;
+        sock.set_nonblocking(true)?;
+        let datagrams = datagram_lengths(size, UDP_MAX).len();
+        Ok(UdpEchoer {
+            sock,
+            bufs: vec![vec![0u8; 65_536]; datagrams],
+            lens: vec![0; datagrams],
+        })
+    }
+}
+
+impl Echoer for UdpEchoer {
+    /// Busy-polls until every datagram of a message is in, then sends them all back.
+    fn echo(&mut self) -> anyhow::Result<()> {
         let since = Instant::now();
         let mut spins = 0u32;
         let mut from = None;
-        for (buf, len) in bufs.iter_mut().zip(&mut lens) {
+        for (buf, len) in self.bufs.iter_mut().zip(&mut self.lens) {
             let (n, sender) = spin(
-                || sock.recv_from(buf),
+                || self.sock.recv_from(buf),
                 since,
                 &mut spins,
                 "waiting for a datagram",
@@ -90,36 +105,59 @@ pub fn udp_server(args: &ChildArgs) -> anyhow::Result<()> {
             *len = n;
             from = Some(sender);
         }
-        for (buf, &len) in bufs.iter().zip(&lens) {
-            udp_send(&sock, &buf[..len], from)?;
+        for (buf, &len) in self.bufs.iter().zip(&self.lens) {
+            udp_send(&self.sock, &buf[..len], from)?;
         }
+        Ok(())
     }
-    Ok(())
 }
 
-/// Sends a message, spins on `recv` until all of its echo is back; one round trip per
-/// iteration.
-pub fn udp_client(args: &ChildArgs) -> anyhow::Result<Measured> {
-    let sock = UdpSocket::bind(SocketAddr::new(args.ip, 0)).context("binding the UDP socket")?;
-    sock.connect(args.server_addr)?;
-    sock.set_nonblocking(true)?;
-    let size = args.case.size;
-    let msg = vec![0xa5u8; size];
-    let lengths = datagram_lengths(size, UDP_MAX);
-    let mut buf = vec![0u8; 65_536];
-    let mut rtts = RoundTrips::new();
-    for i in 0..args.total() {
+/// Echoes every message of the case, busy-polling.
+pub fn udp_server(args: &ChildArgs) -> anyhow::Result<()> {
+    let mut echoer = UdpEchoer::bind(args.server_addr, args.case.size)?;
+    ready();
+    serve_alone(&mut echoer, args)
+}
+
+/// The UDP floor's client: a socket connected to the server, the message, a buffer for the
+/// echo.
+pub struct UdpPinger {
+    sock: UdpSocket,
+    msg: Vec<u8>,
+    lengths: Vec<usize>,
+    buf: Vec<u8>,
+}
+
+impl UdpPinger {
+    /// A socket on `ip` connected to `server`, for messages of `size` bytes.
+    pub fn connect(ip: IpAddr, server: SocketAddr, size: usize) -> anyhow::Result<UdpPinger> {
+        let sock = UdpSocket::bind(SocketAddr::new(ip, 0)).context("binding the UDP socket")?;
+        sock.connect(server)?;
+        sock.set_nonblocking(true)?;
+        Ok(UdpPinger {
+            sock,
+            msg: vec![0xa5u8; size],
+            lengths: datagram_lengths(size, UDP_MAX),
+            buf: vec![0u8; 65_536],
+        })
+    }
+}
+
+impl Pinger for UdpPinger {
+    /// Sends a message, spins on `recv` until all of its echo is back.
+    fn round_trip(&mut self, _warming: bool) -> anyhow::Result<Duration> {
+        let size = self.msg.len();
         let start = Instant::now();
         let mut at = 0;
-        for &len in &lengths {
-            udp_send(&sock, &msg[at..at + len], None)?;
+        for &len in &self.lengths {
+            udp_send(&self.sock, &self.msg[at..at + len], None)?;
             at += len;
         }
         let mut spins = 0u32;
         let mut echoed = 0;
-        for _ in &lengths {
+        for _ in &self.lengths {
             echoed += spin(
-                || sock.recv(&mut buf),
+                || self.sock.recv(&mut self.buf),
                 start,
                 &mut spins,
                 "waiting for the echo",
@@ -127,11 +165,14 @@ pub fn udp_client(args: &ChildArgs) -> anyhow::Result<Measured> {
         }
         let rtt = start.elapsed();
         ensure!(echoed == size, "echo of {echoed} bytes for {size}");
-        if i >= args.warmup {
-            rtts.record(rtt);
-        }
+        Ok(rtt)
     }
-    Ok(Measured::RoundTrips(rtts))
+}
+
+/// One round trip per iteration.
+pub fn udp_client(args: &ChildArgs) -> anyhow::Result<Measured> {
+    let mut pinger = UdpPinger::connect(args.ip, args.server_addr, args.case.size)?;
+    Ok(Measured::RoundTrips(run_alone(&mut pinger, args)?))
 }
 
 fn accept_one(args: &ChildArgs) -> anyhow::Result<TcpStream> {

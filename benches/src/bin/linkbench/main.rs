@@ -8,12 +8,15 @@
 //!
 //! The whole list of cases runs `--rounds` times (3 by default), interleaved: round 1 runs every
 //! case in order, then round 2 runs them all again, and so on, so that the machine's drift
-//! between cases hits every system alike. Within a round each engine case runs between two runs
-//! of its floor, and its ratio to the floor is taken against those two (their geometric mean):
-//! the test hosts change speed within seconds, so a floor measured ten cases earlier judged an
-//! engine by the host's mood (per-round ratios of one case spanned 0.6-2.1). The table shows,
-//! per case, the run with the median figure (p50, or MiB/s for bandwidth) and lists every run's;
-//! each ratio is computed within each round and reported as the median of those.
+//! between cases hits every system alike. Each tbrdma ping-pong runs in lockstep with its floor
+//! in the same two processes, in blocks of `--block` round trips ([`pairing`]), and its ratio to
+//! the floor in a round is the median over its blocks of each block against the floor blocks
+//! beside it: the test hosts change speed within fractions of a second, so even a floor run
+//! just before and after the case, in other processes, judged the engine by the host's mood
+//! (per-round ratios of one case spanned up to 1.9x). The floors also run alone, once per size
+//! and round, for the table. The table shows, per case, the run with the median figure (p50, or
+//! MiB/s for bandwidth) and lists every run's; each ratio is computed within each round and
+//! reported as the median of those.
 //!
 //! The parent owns the lab and the child processes; the children ([`child`]) own one case each
 //! and report it on one `RESULT` line. The kernel baselines live in [`kernel`], the tbrdma
@@ -22,6 +25,7 @@
 mod child;
 mod frames;
 mod kernel;
+mod pairing;
 mod rdma;
 mod report;
 mod run;
@@ -133,10 +137,12 @@ pub struct Options {
     pub only: Vec<String>,
     /// How many times the whole list of selected cases runs, interleaved (at least 1).
     pub rounds: usize,
+    /// Round trips per block of a tbrdma ping-pong and of its floor ([`pairing`]).
+    pub block: u64,
 }
 
 const USAGE: &str = "usage: linkbench [--iters N] [--warmup N] [--seconds S] [--only A,B]
-                 [--rounds N] [--json]
+                 [--rounds N] [--block N] [--json]
   Run as root. Measures tbrdma SEND/WRITE round trips and WRITE bandwidth against busy-polling
   UDP, blocking TCP (TCP_NODELAY) and one TCP stream, over one veth pair.
   --iters N     measured round trips per latency case (default 10000)
@@ -146,6 +152,9 @@ const USAGE: &str = "usage: linkbench [--iters N] [--warmup N] [--seconds S] [--
   --rounds N    run the selected cases N times, interleaved (default 3); the table shows each
                 case's median round and the ratios are medians of per-round ratios (with an
                 even N, the lower of the two middle values)
+  --block N     round trips per block of a tbrdma ping-pong and of its floor, run in turn in
+                the same processes (default 500); an engine's ratio to its floor is the median
+                over its blocks of each against the floor blocks beside it
   --json        print the results as JSON instead of the table";
 
 fn parse_options(args: &[String]) -> anyhow::Result<Options> {
@@ -156,6 +165,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
         json: false,
         only: Vec::new(),
         rounds: 3,
+        block: 500,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -172,6 +182,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
                     Duration::from_secs_f64(value("--seconds")?.parse().context("--seconds")?)
             }
             "--rounds" => options.rounds = value("--rounds")?.parse().context("--rounds")?,
+            "--block" => options.block = value("--block")?.parse().context("--block")?,
             "--json" => options.json = true,
             "--only" => {
                 options.only = value("--only")?
@@ -192,6 +203,9 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
     }
     if options.rounds == 0 {
         bail!("--rounds must be at least 1");
+    }
+    if options.block == 0 {
+        bail!("--block must be at least 1");
     }
     Ok(options)
 }

@@ -11,6 +11,9 @@
 //! - WRITE bandwidth: 1 MiB WRITEs, 32 outstanding, one direction; a final SEND tells the
 //!   server to stop.
 //!
+//! Each ping-pong runs in lockstep with its floor in the same two processes
+//! ([`crate::pairing`]): the client reports its round trips and its ratios to the floor.
+//!
 //! Regions are announced as connection private data: address (u64) then rkey (u32).
 
 use std::net::SocketAddr;
@@ -20,7 +23,10 @@ use anyhow::{Context, bail, ensure};
 use tbrdma_verbs::*;
 
 use crate::Bench;
-use crate::child::{ChildArgs, Measured, RoundTrips, check_stall, ready};
+use crate::child::{ChildArgs, Measured, check_stall, ready};
+use crate::frames::{FrameEchoer, FramePinger};
+use crate::kernel::{UdpEchoer, UdpPinger};
+use crate::pairing::{Echoer, Pinger, run_client, run_server};
 
 /// Receives pre-posted on each side of the SEND ping-pong.
 const RECV_SLOTS: usize = 16;
@@ -219,68 +225,125 @@ fn await_receive(
     Ok(received.unwrap_or_default())
 }
 
-/// SEND ping-pong, server side: echoes every message.
-pub fn send_server(args: &ChildArgs) -> anyhow::Result<()> {
-    let dev = open(args)?;
-    let pd = dev.alloc_pd();
-    let cq = dev.create_cq(4096);
-    let size = args.case.size;
-    let tx = pd.alloc_mr(size, Access::LOCAL_WRITE)?;
-    let rx = pd.alloc_mr(size * RECV_SLOTS, Access::LOCAL_WRITE)?;
-    let conn = serve(args, &pd, &cq, Vec::new())?;
-    let qp = conn.qp;
-    for slot in 0..RECV_SLOTS as u64 {
-        post_recv_slot(&qp, &rx, slot, size)?;
+/// The floor a tbrdma ping-pong's server runs in lockstep with it ([`crate::pairing`]), bound
+/// before the server says it is ready.
+fn floor_echoer(args: &ChildArgs) -> anyhow::Result<Box<dyn Echoer>> {
+    let addr = args.floor_addr()?;
+    Ok(match Bench::floor_of(engine_of(args)) {
+        Bench::FrameFloor => Box::new(FrameEchoer::open(addr, args.case.size)?),
+        _ => Box::new(UdpEchoer::bind(addr, args.case.size)?),
+    })
+}
+
+/// The client of that floor.
+fn floor_pinger(args: &ChildArgs) -> anyhow::Result<Box<dyn Pinger>> {
+    let addr = args.floor_addr()?;
+    Ok(match Bench::floor_of(engine_of(args)) {
+        Bench::FrameFloor => Box::new(FramePinger::open(args.ip, addr, args.case.size)?),
+        _ => Box::new(UdpPinger::connect(args.ip, addr, args.case.size)?),
+    })
+}
+
+/// One side of the SEND ping-pong: its queue pair, its source buffer and its receive slots.
+struct SendSide {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    tx: MemoryRegion,
+    rx: MemoryRegion,
+    size: usize,
+    sends: u64,
+    next: u64,
+}
+
+impl SendSide {
+    /// Allocates the buffers, connects (`serve` or `dial`) and posts every receive slot.
+    fn connect(
+        args: &ChildArgs,
+        dev: &Device,
+        connect: fn(
+            &ChildArgs,
+            &ProtectionDomain,
+            &CompletionQueue,
+            Vec<u8>,
+        ) -> anyhow::Result<Connected>,
+    ) -> anyhow::Result<SendSide> {
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(4096);
+        let size = args.case.size;
+        let tx = pd.alloc_mr(size, Access::LOCAL_WRITE)?;
+        let rx = pd.alloc_mr(size * RECV_SLOTS, Access::LOCAL_WRITE)?;
+        let conn = connect(args, &pd, &cq, Vec::new())?;
+        let qp = conn.qp;
+        for slot in 0..RECV_SLOTS as u64 {
+            post_recv_slot(&qp, &rx, slot, size)?;
+        }
+        Ok(SendSide {
+            qp,
+            cq,
+            tx,
+            rx,
+            size,
+            sends: 0,
+            next: 0,
+        })
     }
-    let mut sends = 0u64;
-    for i in 0..args.total() {
-        let len = await_receive(&qp, &cq, &rx, size, &mut sends)?;
-        qp.post_send(&[SendWr {
-            wr_id: i,
-            local: tx.sge(0, len),
+
+    /// SENDs `len` bytes.
+    fn send(&mut self, len: usize) -> anyhow::Result<()> {
+        self.qp.post_send(&[SendWr {
+            wr_id: self.next,
+            local: self.tx.sge(0, len),
             op: SendOp::Send { imm: None },
         }])?;
-        sends += 1;
+        self.next += 1;
+        self.sends += 1;
+        Ok(())
     }
-    drain_sends(&cq, &mut sends)?;
-    linger(&cq);
+
+    fn receive(&mut self) -> anyhow::Result<usize> {
+        await_receive(&self.qp, &self.cq, &self.rx, self.size, &mut self.sends)
+    }
+}
+
+impl Pinger for SendSide {
+    /// SEND posted → echo received (and its receive reposted).
+    fn round_trip(&mut self, _warming: bool) -> anyhow::Result<Duration> {
+        let start = Instant::now();
+        self.send(self.size)?;
+        let len = self.receive()?;
+        let rtt = start.elapsed();
+        ensure!(len == self.size, "echo of {len} bytes for {}", self.size);
+        Ok(rtt)
+    }
+}
+
+impl Echoer for SendSide {
+    fn echo(&mut self) -> anyhow::Result<()> {
+        let len = self.receive()?;
+        self.send(len)
+    }
+}
+
+/// SEND ping-pong, server side: echoes every message, and its floor's in between.
+pub fn send_server(args: &ChildArgs) -> anyhow::Result<()> {
+    let mut floor = floor_echoer(args)?;
+    let dev = open(args)?;
+    let mut side = SendSide::connect(args, &dev, serve)?;
+    run_server(&mut side, floor.as_mut(), args)?;
+    drain_sends(&side.cq, &mut side.sends)?;
+    linger(&side.cq);
     Ok(())
 }
 
-/// SEND ping-pong, client side: one round trip is SEND posted → echo received (and its
-/// receive reposted).
+/// SEND ping-pong, client side, paired with its floor.
 pub fn send_client(args: &ChildArgs) -> anyhow::Result<Measured> {
     let dev = open(args)?;
-    let pd = dev.alloc_pd();
-    let cq = dev.create_cq(4096);
-    let size = args.case.size;
-    let tx = pd.alloc_mr(size, Access::LOCAL_WRITE)?;
-    let rx = pd.alloc_mr(size * RECV_SLOTS, Access::LOCAL_WRITE)?;
-    let conn = dial(args, &pd, &cq, Vec::new())?;
-    let qp = conn.qp;
-    for slot in 0..RECV_SLOTS as u64 {
-        post_recv_slot(&qp, &rx, slot, size)?;
-    }
-    let mut rtts = RoundTrips::new();
-    let mut sends = 0u64;
-    for i in 0..args.total() {
-        let start = Instant::now();
-        qp.post_send(&[SendWr {
-            wr_id: i,
-            local: tx.sge(0, size),
-            op: SendOp::Send { imm: None },
-        }])?;
-        sends += 1;
-        let len = await_receive(&qp, &cq, &rx, size, &mut sends)?;
-        let rtt = start.elapsed();
-        ensure!(len == size, "echo of {len} bytes for {size}");
-        if i >= args.warmup {
-            rtts.record(rtt);
-        }
-    }
-    drain_sends(&cq, &mut sends)?;
-    report_stats(&dev, &qp);
-    Ok(Measured::RoundTrips(rtts))
+    let mut side = SendSide::connect(args, &dev, dial)?;
+    let mut floor = floor_pinger(args)?;
+    let (rtts, paired) = run_client(&mut side, floor.as_mut(), args)?;
+    drain_sends(&side.cq, &mut side.sends)?;
+    report_stats(&dev, &side.qp);
+    Ok(Measured::Paired(rtts, paired))
 }
 
 /// Where a WRITE ping-pong's message lands in its inbox: after room for a datagram's header,
@@ -310,6 +373,8 @@ struct WriteSide {
     size: usize,
     sends: u64,
     buf: [Completion; 16],
+    /// The number of the last message written.
+    seq: u64,
 }
 
 impl WriteSide {
@@ -376,11 +441,35 @@ fn write_side(
         size,
         sends: 0,
         buf: [Completion::default(); 16],
+        seq: 0,
     })
 }
 
-/// WRITE ping-pong, server side: answers WRITE `seq` with WRITE `seq`.
+impl Pinger for WriteSide {
+    /// WRITE `seq` posted → the server's WRITE `seq` seen in our region.
+    fn round_trip(&mut self, _warming: bool) -> anyhow::Result<Duration> {
+        self.seq += 1;
+        let start = Instant::now();
+        self.lend()?;
+        self.write(self.seq)?;
+        self.await_seq(self.seq)?;
+        Ok(start.elapsed())
+    }
+}
+
+impl Echoer for WriteSide {
+    /// Answers WRITE `seq` with WRITE `seq`, the inbox lent again for the next one first.
+    fn echo(&mut self) -> anyhow::Result<()> {
+        self.seq += 1;
+        self.await_seq(self.seq)?;
+        self.lend()?;
+        self.write(self.seq)
+    }
+}
+
+/// WRITE ping-pong, server side, and its floor's in between.
 pub fn write_server(args: &ChildArgs) -> anyhow::Result<()> {
+    let mut floor = floor_echoer(args)?;
     let dev = open(args)?;
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(4096);
@@ -388,18 +477,13 @@ pub fn write_server(args: &ChildArgs) -> anyhow::Result<()> {
     let conn = serve(args, &pd, &cq, announce_inbox(&inbox))?;
     let mut side = write_side(args, &pd, cq, inbox, conn)?;
     side.lend()?;
-    for seq in 1..=args.total() {
-        side.await_seq(seq)?;
-        side.lend()?;
-        side.write(seq)?;
-    }
+    run_server(&mut side, floor.as_mut(), args)?;
     drain_sends(&side.cq, &mut side.sends)?;
     linger(&side.cq);
     Ok(())
 }
 
-/// WRITE ping-pong, client side: one round trip is WRITE `seq` posted → the server's WRITE
-/// `seq` seen in our region.
+/// WRITE ping-pong, client side, paired with its floor.
 pub fn write_client(args: &ChildArgs) -> anyhow::Result<Measured> {
     let dev = open(args)?;
     let pd = dev.alloc_pd();
@@ -407,20 +491,11 @@ pub fn write_client(args: &ChildArgs) -> anyhow::Result<Measured> {
     let inbox = alloc_inbox(&pd, args.case.size)?;
     let conn = dial(args, &pd, &cq, announce_inbox(&inbox))?;
     let mut side = write_side(args, &pd, cq, inbox, conn)?;
-    let mut rtts = RoundTrips::new();
-    for seq in 1..=args.total() {
-        let start = Instant::now();
-        side.lend()?;
-        side.write(seq)?;
-        side.await_seq(seq)?;
-        let rtt = start.elapsed();
-        if seq > args.warmup {
-            rtts.record(rtt);
-        }
-    }
+    let mut floor = floor_pinger(args)?;
+    let (rtts, paired) = run_client(&mut side, floor.as_mut(), args)?;
     drain_sends(&side.cq, &mut side.sends)?;
     report_stats(&dev, &side.qp);
-    Ok(Measured::RoundTrips(rtts))
+    Ok(Measured::Paired(rtts, paired))
 }
 
 /// WRITE bandwidth, server side: a region to be written, kept alive by polling until the

@@ -1,11 +1,11 @@
 //! The results: one table of every case, then the ratios the targets name, as text or JSON.
 //!
 //! Each table row is the case's median run (by p50, or MiB/s for bandwidth), so every number
-//! printed was measured, and lists every run's figure (a floor runs several times a round, once
-//! beside each engine case). Each ratio is computed within each round and its value is the
-//! median of those per-round ratios; an engine's ratio to its floor takes the floor runs just
-//! before and after it ([`floors_beside`]). A median of an even count is the lower of the two
-//! middle values, for the same reason.
+//! printed was measured, and lists every run's figure. Each ratio is computed within each round
+//! and its value is the median of those per-round ratios; an engine's ratio to its floor in a
+//! round is the one its client measured in lockstep with the floor ([`PairedRatios`],
+//! [`crate::pairing`]). A median of an even count is the lower of the two middle values, for
+//! the same reason.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -152,6 +152,42 @@ impl Counters {
     }
 }
 
+/// A tbrdma ping-pong's ratios to the floor it ran in lockstep with (the client's `PAIRED`
+/// line, [`crate::pairing::Paired`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PairedRatios {
+    /// Engine blocks.
+    pub blocks: u64,
+    /// The floor's median block p50, in nanoseconds.
+    pub floor_p50: f64,
+    /// Median over blocks of the engine's p50 over the floor's beside it.
+    pub ratio_p50: f64,
+    /// The same of the engine's mean.
+    pub ratio_mean: f64,
+}
+
+impl PairedRatios {
+    /// Parses a `PAIRED` line (without the prefix).
+    pub fn parse(line: &str) -> anyhow::Result<PairedRatios> {
+        let map: HashMap<&str, &str> = line
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
+        let get = |key: &str| -> anyhow::Result<f64> {
+            map.get(key)
+                .ok_or_else(|| anyhow!("no {key} in {line:?}"))?
+                .parse::<f64>()
+                .with_context(|| format!("{key} in {line:?}"))
+        };
+        Ok(PairedRatios {
+            blocks: get("blocks")? as u64,
+            floor_p50: get("floor_p50")?,
+            ratio_p50: get("ratio_p50")?,
+            ratio_mean: get("ratio_mean")?,
+        })
+    }
+}
+
 /// One case's results.
 #[derive(Clone, Debug)]
 pub struct Record {
@@ -163,6 +199,8 @@ pub struct Record {
     pub outcome: Outcome,
     /// tbrdma cases: the client's counters.
     pub counters: Option<Counters>,
+    /// tbrdma ping-pongs: the ratios to the floor run in lockstep.
+    pub paired: Option<PairedRatios>,
     /// Why it failed, when it did.
     pub error: Option<String>,
 }
@@ -261,6 +299,11 @@ impl Ratio {
             .zip(baseline)
             .map(|(&ours, &baseline)| Some(ours? / baseline?))
             .collect();
+        Ratio::of_rounds(label, per_round, target)
+    }
+
+    /// A ratio whose per-round values were measured as ratios.
+    fn of_rounds(label: String, per_round: Vec<Option<f64>>, target: Option<(f64, bool)>) -> Ratio {
         let value = median_index(&per_round)
             .and_then(|i| per_round[i])
             .unwrap_or(f64::NAN);
@@ -303,31 +346,27 @@ impl Ratio {
     }
 }
 
-/// Per round, the floor `floor` measured beside the run of `bench` at `size`: the geometric mean
-/// of the nearest successful run of the floor before it and the nearest after it in the same
-/// round, or the one of them there is; `None` where the case failed or no floor ran in its
-/// round. (With `--only`, a floor not run next to the case is still the nearest in its round.)
-fn floors_beside(run: &Run, bench: Bench, size: usize, floor: Bench) -> Vec<Option<f64>> {
-    let ours = Case { bench, size };
-    let floor = Case { bench: floor, size };
+/// A tbrdma ping-pong's paired ratio to its floor in each round (`pick` chooses which), `None`
+/// where the case failed; or `None` when the case was not run.
+fn paired(
+    run: &Run,
+    bench: Bench,
+    size: usize,
+    pick: fn(&PairedRatios) -> f64,
+) -> Option<Vec<Option<f64>>> {
+    let case = Case { bench, size };
+    let records: Vec<&Record> = run.records.iter().filter(|r| r.case == case).collect();
+    if records.is_empty() {
+        return None;
+    }
     let of_round = |round| {
-        let at = run
-            .records
+        records
             .iter()
-            .position(|r| r.case == ours && r.round == round)?;
-        let floor_figure = |r: &Record| {
-            (r.case == floor && r.round == round)
-                .then(|| r.outcome.figure())
-                .flatten()
-        };
-        let before = run.records[..at].iter().rev().find_map(floor_figure);
-        let after = run.records[at + 1..].iter().find_map(floor_figure);
-        match (before, after) {
-            (Some(a), Some(b)) => Some((a * b).sqrt()),
-            (one, other) => one.or(other),
-        }
+            .find(|r| r.round == round)
+            .and_then(|r| r.paired.as_ref())
+            .map(pick)
     };
-    (1..=run.options.rounds).map(of_round).collect()
+    Some((1..=run.options.rounds).map(of_round).collect())
 }
 
 fn ratios(run: &Run) -> Vec<Ratio> {
@@ -340,19 +379,17 @@ fn ratios(run: &Run) -> Vec<Ratio> {
         let tcp = baseline(Bench::TcpBlocking, size);
         for engine in ENGINES {
             let floor_bench = Bench::floor_of(engine);
-            let floor_ran = baseline(floor_bench, size).is_some();
             for bench in [Bench::Send(engine), Bench::Write(engine)] {
                 let Some(ours) = figures(run, bench, size) else {
                     continue;
                 };
                 // Issue 16: one-way p50 (half the round trip on both sides, so the ratio of
-                // round trips) at most 1.2x the engine's own floor at every size, measured
-                // beside it.
-                if floor_ran {
-                    out.push(Ratio::new(
-                        format!("{bench} {size} B p50 / {floor_bench} {size} B p50"),
-                        &ours,
-                        &floors_beside(run, bench, size, floor_bench),
+                // round trips) at most 1.2x the engine's own floor at every size, measured in
+                // lockstep with it.
+                if let Some(per_round) = paired(run, bench, size, |p| p.ratio_p50) {
+                    out.push(Ratio::of_rounds(
+                        format!("{bench} {size} B p50 / {floor_bench} p50, paired"),
+                        per_round,
                         Some((1.2, true)),
                     ));
                 }
@@ -445,12 +482,18 @@ pub fn table(run: &Run) -> String {
     );
     let _ = writeln!(
         s,
-        "rounds: {}, interleaved (all cases once per round, each engine case between two runs \
-         of its floor); each row is the case's median run by p50 (MiB/s for bandwidth); ratios \
-         are medians of per-round ratios (ours and the baseline from the same round, a floor \
-         as the geometric mean of its runs just before and after; lower middle for an even \
-         count)",
+        "rounds: {}, interleaved (all cases once per round); each row is the case's median \
+         run by p50 (MiB/s for bandwidth); ratios are medians of per-round ratios (ours and the \
+         baseline from the same round; lower middle for an even count)",
         run.options.rounds
+    );
+    let _ = writeln!(
+        s,
+        "paired: each tbrdma ping-pong ran in lockstep with its floor in the same processes, in \
+         blocks of {} round trips taken in turn; its ratio to the floor in a round is the median \
+         over its blocks of the block's p50 over the geometric mean of the floor blocks' p50s \
+         before and after it",
+        run.options.block
     );
     let _ = writeln!(
         s,
@@ -583,7 +626,7 @@ pub fn table(run: &Run) -> String {
     }
     let _ = writeln!(
         s,
-        "\n{:<56} {:>7} {:>8} {:>7}{}",
+        "\n{:<60} {:>7} {:>8} {:>7}{}",
         "ratio",
         "value",
         "target",
@@ -593,7 +636,7 @@ pub fn table(run: &Run) -> String {
     for r in ratios(run) {
         let _ = writeln!(
             s,
-            "{:<56} {:>7.2} {:>8} {:>7}{}",
+            "{:<60} {:>7.2} {:>8} {:>7}{}",
             r.label,
             r.value,
             r.target_text(),
@@ -657,8 +700,15 @@ pub fn json(run: &Run) -> String {
                     json_str(record.error.as_deref().unwrap_or("?"))
                 ),
             };
+            let paired = record.paired.map_or(String::new(), |p| {
+                format!(
+                    ",\"paired\":{{\"blocks\":{},\"floor_p50_ns\":{:.0},\"ratio_p50\":{:.3},\
+                     \"ratio_mean\":{:.3}}}",
+                    p.blocks, p.floor_p50, p.ratio_p50, p.ratio_mean
+                )
+            });
             format!(
-                "{{\"case\":{},\"size\":{},\"round\":{},{body}{counters}}}",
+                "{{\"case\":{},\"size\":{},\"round\":{},{body}{counters}{paired}}}",
                 json_str(&case.bench.name()),
                 case.size,
                 record.round
@@ -693,7 +743,7 @@ pub fn json(run: &Run) -> String {
         .collect();
     format!(
         "{{\"lab\":{},\"server_cpu\":{SERVER_CPU},\"client_cpu\":{CLIENT_CPU},\
-         \"iters\":{},\"warmup\":{},\"bandwidth_seconds\":{},\"rounds\":{},\
+         \"iters\":{},\"warmup\":{},\"bandwidth_seconds\":{},\"rounds\":{},\"block\":{},\
          \"load_before\":{},\"load_after\":{},\"elapsed_s\":{:.1},\"cases\":[{}],\
          \"ratios\":[{}]}}",
         json_str(&run.lab),
@@ -701,6 +751,7 @@ pub fn json(run: &Run) -> String {
         run.options.warmup,
         run.options.duration.as_secs_f64(),
         run.options.rounds,
+        run.options.block,
         json_str(&run.load_before),
         json_str(&run.load_after),
         run.elapsed.as_secs_f64(),
@@ -760,7 +811,21 @@ mod tests {
             round,
             outcome,
             counters: None,
+            paired: None,
             error: matches!(outcome, Outcome::Failed).then(|| "boom".into()),
+        }
+    }
+
+    /// The same, of a tbrdma ping-pong whose client measured `ratio_p50` against its floor.
+    fn paired_record(bench: Bench, round: usize, outcome: Outcome, ratio_p50: f64) -> Record {
+        Record {
+            paired: (!matches!(outcome, Outcome::Failed)).then_some(PairedRatios {
+                blocks: 20,
+                floor_p50: 5_000.0,
+                ratio_p50,
+                ratio_mean: ratio_p50 * 1.1,
+            }),
+            ..record(bench, round, outcome)
         }
     }
 
@@ -789,14 +854,15 @@ mod tests {
                 json: false,
                 only: Vec::new(),
                 rounds: 3,
+                block: 500,
             },
             records: vec![
                 record(Bench::UdpFloor, 1, rtt(8_000)),
-                record(send, 1, rtt(12_000)),
+                paired_record(send, 1, rtt(12_000), 1.5),
                 record(Bench::UdpFloor, 2, rtt(6_000)),
-                record(send, 2, rtt(6_600)),
+                paired_record(send, 2, rtt(6_600), 1.1),
                 record(Bench::UdpFloor, 3, rtt(7_000)),
-                record(send, 3, Outcome::Failed),
+                paired_record(send, 3, Outcome::Failed, 0.0),
             ],
         }
     }
@@ -824,7 +890,7 @@ mod tests {
     }
 
     #[test]
-    fn each_engine_is_judged_against_its_own_floor_and_its_mean() {
+    fn each_engine_is_judged_by_its_paired_ratio_and_its_mean() {
         let rtt = |p50, mean| Outcome::RoundTrips {
             count: 1,
             p50,
@@ -834,61 +900,65 @@ mod tests {
             max: p50,
             over_1ms: 0,
         };
-        let record = |bench, outcome| Record {
+        let at_16k = |record: Record| Record {
             case: Case {
-                bench,
                 size: 16_384,
+                ..record.case
             },
-            round: 1,
-            outcome,
-            counters: None,
-            error: None,
+            ..record
         };
         let mut run = three_rounds();
         run.options.rounds = 1;
         run.records = vec![
-            record(Bench::UdpFloor, rtt(10_000, 10_000.0)),
-            record(Bench::FrameFloor, rtt(5_000, 5_000.0)),
-            record(Bench::Write(EngineKind::Sockets), rtt(11_000, 11_000.0)),
-            record(Bench::Write(EngineKind::Packet), rtt(11_000, 15_000.0)),
+            // The floors' own runs are not what an engine is judged against: its client's
+            // blocks in lockstep with the floor are.
+            at_16k(record(Bench::UdpFloor, 1, rtt(1_000, 1_000.0))),
+            at_16k(record(Bench::FrameFloor, 1, rtt(1_000, 1_000.0))),
+            at_16k(paired_record(
+                Bench::Write(EngineKind::Sockets),
+                1,
+                rtt(11_000, 11_000.0),
+                1.1,
+            )),
+            at_16k(paired_record(
+                Bench::Write(EngineKind::Packet),
+                1,
+                rtt(11_000, 15_000.0),
+                2.2,
+            )),
         ];
         let found = |label: &str| ratio_named(&run, label);
-        let sockets = found("write-sockets 16384 B p50 / udp-busy 16384 B p50");
+        let sockets = found("write-sockets 16384 B p50 / udp-busy p50, paired");
         assert_eq!((sockets.value, sockets.verdict()), (1.1, "PASS"));
-        let packet = found("write-packet 16384 B p50 / frame-busy 16384 B p50");
+        let packet = found("write-packet 16384 B p50 / frame-busy p50, paired");
         assert_eq!((packet.value, packet.verdict()), (2.2, "MISS"));
         let spread = found("write-packet 16384 B mean / p50");
         assert_eq!(spread.verdict(), "MISS");
         assert_eq!(found("write-sockets 16384 B mean / p50").verdict(), "PASS");
+        // A case that ran without a PAIRED line (it failed) has no ratio to pass on.
+        run.records[2].paired = None;
+        let failed = ratio_named(&run, "write-sockets 16384 B p50 / udp-busy p50, paired");
+        assert_eq!(failed.verdict(), "FAILED");
+        let json = json(&run);
+        assert!(
+            json.contains("\"paired\":{\"blocks\":20,\"floor_p50_ns\":5000,\"ratio_p50\":2.200,"),
+            "{json}"
+        );
     }
 
     #[test]
-    fn an_engine_is_judged_against_the_floor_runs_beside_it() {
-        let (send, write) = (
-            Bench::Send(EngineKind::Sockets),
-            Bench::Write(EngineKind::Sockets),
+    fn a_paired_line_is_read_back() {
+        let line = "blocks=20 floor_p50=9123 ratio_p50=1.2345 ratio_mean=1.3000";
+        assert_eq!(
+            PairedRatios::parse(line).expect("a valid line"),
+            PairedRatios {
+                blocks: 20,
+                floor_p50: 9123.0,
+                ratio_p50: 1.2345,
+                ratio_mean: 1.3,
+            }
         );
-        let mut run = three_rounds();
-        run.options.rounds = 2;
-        run.records = vec![
-            // Round 1: the host slows down between the two engine cases.
-            record(Bench::UdpFloor, 1, rtt(5_000)),
-            record(send, 1, rtt(6_000)),
-            record(Bench::UdpFloor, 1, rtt(5_000)),
-            record(write, 1, rtt(12_000)),
-            record(Bench::UdpFloor, 1, rtt(20_000)),
-            // Round 2: the floor after the SEND case failed; the WRITE case has the floor
-            // before it only.
-            record(Bench::UdpFloor, 2, rtt(4_000)),
-            record(send, 2, rtt(5_000)),
-            record(Bench::UdpFloor, 2, Outcome::Failed),
-            record(write, 2, rtt(6_000)),
-        ];
-        let found = |label: &str| ratio_named(&run, label);
-        let send = found("send-sockets 8 B p50 / udp-busy 8 B p50");
-        assert_eq!(send.per_round, [Some(1.2), Some(1.25)]);
-        // Floors of 5 and 20 µs around it: their geometric mean is 10.
-        let write = found("write-sockets 8 B p50 / udp-busy 8 B p50");
-        assert_eq!(write.per_round, [Some(1.2), Some(1.5)]);
+        assert!(PairedRatios::parse("blocks=20 floor_p50=1").is_err());
+        assert!(PairedRatios::parse("blocks=x floor_p50=1 ratio_p50=1 ratio_mean=1").is_err());
     }
 }

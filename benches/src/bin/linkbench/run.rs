@@ -22,8 +22,8 @@ use tbrdma_netdev::hostfile::Hostfile;
 use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
 use tbrdma_verbs::EngineKind;
 
-use crate::child::ChildArgs;
-use crate::report::{self, Counters, Outcome, Record, Run};
+use crate::child::{ChildArgs, FLOOR_PORT_OFFSET};
+use crate::report::{self, Counters, Outcome, PairedRatios, Record, Run};
 use crate::{Bench, Case, Options};
 
 /// CPU of the server (rank 0) and of the client (rank 1).
@@ -78,28 +78,18 @@ pub const LATENCY_SIZES: [usize; 4] = [8, 4096, 16_384, 65_536];
 /// The engines measured, each against its own floor.
 pub const ENGINES: [EngineKind; 3] = [EngineKind::Uring, EngineKind::Sockets, EngineKind::Packet];
 
-/// The cases in run order: per message size, every system back to back, each engine case
-/// between two runs of its own floor (`udp-busy, send-uring, udp-busy, write-uring, udp-busy,
-/// …`), so that an engine is judged against the floor of the same seconds (see the crate
-/// docs). A floor appears several times; each of its runs is a record of its own.
+/// The cases in run order: per message size, every system back to back, the floors first. An
+/// engine case runs its floor in lockstep itself ([`crate::pairing`]); the floors' own cases
+/// give the table their figures.
 fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for size in LATENCY_SIZES {
-        cases.push(Case {
-            bench: Bench::TcpBlocking,
-            size,
-        });
+        for bench in [Bench::TcpBlocking, Bench::UdpFloor, Bench::FrameFloor] {
+            cases.push(Case { bench, size });
+        }
         for engine in ENGINES {
-            let floor = Case {
-                bench: Bench::floor_of(engine),
-                size,
-            };
             for bench in [Bench::Send(engine), Bench::Write(engine)] {
-                if cases.last() != Some(&floor) {
-                    cases.push(floor);
-                }
                 cases.push(Case { bench, size });
-                cases.push(floor);
             }
         }
     }
@@ -118,13 +108,15 @@ fn cases() -> Vec<Case> {
 
 /// The server port of case `index` (in [`cases`]) in round `round` (from 1):
 /// `BASE_PORT + (round - 1) * cases().len() + index`, unique per case run, so that no case meets
-/// an earlier one's sockets in TIME_WAIT.
+/// an earlier one's sockets in TIME_WAIT; its paired floor's port, [`FLOOR_PORT_OFFSET`] above,
+/// must exist too.
 fn port(round: usize, index: usize) -> anyhow::Result<u16> {
     (round - 1)
         .checked_mul(cases().len())
         .and_then(|n| n.checked_add(index))
         .and_then(|n| u16::try_from(n).ok())
         .and_then(|n| BASE_PORT.checked_add(n))
+        .filter(|p| p.checked_add(FLOOR_PORT_OFFSET).is_some())
         .ok_or_else(|| anyhow!("--rounds {round} is too many: the server ports run past 65535"))
 }
 
@@ -214,6 +206,7 @@ fn run_case(
         warmup: options.warmup,
         iters: options.iters,
         duration: options.duration,
+        block: options.block,
     };
     let client_args = ChildArgs {
         netns: lab::namespace_name(&lab.name, 1),
@@ -277,6 +270,11 @@ fn run_case(
             .lines()
             .find_map(|l| l.strip_prefix("STATS "))
             .map(Counters::parse),
+        paired: stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("PAIRED "))
+            .map(PairedRatios::parse)
+            .transpose()?,
         error: None,
     })
 }
@@ -296,7 +294,7 @@ pub fn parent(options: &Options) -> anyhow::Result<()> {
         cpus > highest,
         "linkbench pins to CPUs {CLIENT_CPU} and {SERVER_CPU}; this machine has {cpus}"
     );
-    let mut selected: Vec<(usize, Case)> = cases()
+    let selected: Vec<(usize, Case)> = cases()
         .into_iter()
         .enumerate()
         .filter(|(_, case)| {
@@ -304,9 +302,6 @@ pub fn parent(options: &Options) -> anyhow::Result<()> {
             options.only.is_empty() || options.only.iter().any(|o| name.contains(o.as_str()))
         })
         .collect();
-    // A floor that `--only` left next to another run of itself (its engine cases not selected)
-    // runs once.
-    selected.dedup_by(|a, b| a.1 == b.1);
     // Fail on too many rounds before the lab exists, not in the middle of the run.
     port(options.rounds, cases().len() - 1)?;
     let name = format!("lb{}", std::process::id() % 100_000);
@@ -355,6 +350,7 @@ pub fn parent(options: &Options) -> anyhow::Result<()> {
                     round,
                     outcome: Outcome::Failed,
                     counters: None,
+                    paired: None,
                     error: Some(format!("{e:#}")),
                 },
                 Err(e) => return Err(e),
