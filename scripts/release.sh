@@ -5,6 +5,8 @@
 # oldest glibc the binaries run on (the newest GLIBC_x.y symbol version they need).
 #
 #   scripts/release.sh            # from anywhere inside the repository
+#   sudo scripts/release.sh --pgo # the same from a profile-guided build (scripts/pgo.sh: root,
+#                                 # llvm-tools; about a tenth less per message, docs/performance.md)
 #   sudo tar -C /opt -xzf dist/tbrdma-0.1.0-x86_64-linux.tar.gz
 #   . /opt/tbrdma-0.1.0-x86_64-linux/share/tbrdma/env.sh
 #
@@ -20,7 +22,14 @@ arch=$(uname -m)
 name="tbrdma-$version-$arch-linux"
 target=${CARGO_TARGET_DIR:-target}
 
-cargo build --release --locked -p tbrdma-cli -p tbrdma-capi -p tbrdma-nccl
+case "${1:-}" in
+  --pgo)
+    scripts/pgo.sh
+    target=${PGO_TARGET_DIR:-target/pgo}
+    ;;
+  "") cargo build --release --locked -p tbrdma-cli -p tbrdma-capi -p tbrdma-nccl ;;
+  *) echo "usage: scripts/release.sh [--pgo]" >&2; exit 2 ;;
+esac
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

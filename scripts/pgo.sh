@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Profile-guided release build of everything users run: the tbrdma CLI, the C API, the NCCL/RCCL
+# plugin, and the benchmarks that measure them (linkbench, collbench, pluginbench), into
+# target/pgo/release/ (PGO_TARGET_DIR moves it).
+#
+#   rustup component add llvm-tools      # once: llvm-profdata of this toolchain
+#   sudo scripts/pgo.sh                  # about 6 minutes on 2 cores
+#   sudo target/pgo/release/linkbench    # the figures a release build gives
+#
+# Three steps. (1) An instrumented release build (-Cprofile-generate) in target/pgo/gen. (2) It
+# runs what users run, in a lab of two network namespaces joined by one veth cable (hence root),
+# taken down at the end: `tbrdma pingpong` (WRITE and SEND, packet and sockets engines, 8 B to
+# 64 KiB), `tbrdma bw`, `tbrdma allreduce` (f32 and bf16, 16 KiB to 256 KiB, with the UDP
+# exchange it is judged against), and pluginbench (the plugin between two processes). (3) The
+# counts, merged by llvm-profdata, steer the real build (-Cprofile-use): which branches fall
+# through, what is inlined, which code sits together. The path of a message is mostly
+# straight-line code fetched afresh on every message (docs/performance.md, "the hot path does
+# not stay in the instruction cache"), and this is what layout helps: on the lab's veth the
+# ping-pongs' ratios to their floors fell by about a tenth (docs/performance.md, issue 16).
+#
+# Code the training never ran is not optimised for size (-pgso=false), so a
+# path it missed is no slower than in a plain release build. The profile belongs to the
+# toolchain and the source it was made with: the script makes a new one every time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ $(id -u) == 0 ]] || { echo "pgo.sh: trains in a lab of network namespaces: run it as root" >&2; exit 1; }
+sysroot=$(rustc --print sysroot)
+host=$(rustc -vV | sed -n 's/^host: //p')
+profdata=$sysroot/lib/rustlib/$host/bin/llvm-profdata
+[[ -x $profdata ]] || { echo "pgo.sh: needs $profdata: rustup component add llvm-tools" >&2; exit 1; }
+
+out=$(realpath -m "${PGO_TARGET_DIR:-target/pgo}")
+gen=$out/gen
+profiles=$out/profiles
+merged=$out/merged.profdata
+packages=(-p tbrdma-cli -p tbrdma-capi -p tbrdma-nccl -p tbrdma-benches)
+base_flags=${RUSTFLAGS:-}
+
+echo "pgo.sh: 1/3 instrumented build in $gen" >&2
+rm -rf "$profiles"
+mkdir -p "$profiles"
+RUSTFLAGS="$base_flags -Cprofile-generate=$profiles" CARGO_TARGET_DIR=$gen \
+    cargo build --release --locked "${packages[@]}"
+
+echo "pgo.sh: 2/3 training in a lab" >&2
+bin=$gen/release
+lab=pgo$$
+trap '"$bin/tbrdma" lab down --name "$lab" >/dev/null 2>&1 || true' EXIT
+"$bin/tbrdma" lab up 2 --topology pair --name "$lab" >/dev/null
+server=$(ip -n "tbl-$lab-r0" -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -n 1)
+port=19700
+# Server in rank 0 on CPU 1, client in rank 1 on CPU 0, as the benchmarks run them; the
+# client's options are the server's (the tools refuse a mismatch).
+pair() {
+    local tool=$1
+    shift
+    port=$((port + 1))
+    ip netns exec "tbl-$lab-r0" taskset -c 1 "$bin/tbrdma" "$tool" --bind "$server" -p "$port" "$@" >/dev/null &
+    sleep 0.3
+    ip netns exec "tbl-$lab-r1" taskset -c 0 "$bin/tbrdma" "$tool" "$server" -p "$port" "$@" >/dev/null
+    wait
+}
+for engine in packet sockets; do
+    for op in write send; do
+        pair pingpong --engine "$engine" --op "$op" -s 8 -s 4096 -s 16384 -s 65536 -n 3000
+    done
+done
+pair bw --op write --size 1048576 --duration 1
+allreduce() {
+    port=$((port + 1))
+    for rank in 0 1; do
+        taskset -c "$rank" "$bin/tbrdma" lab exec --name "$lab" "$rank" -- \
+            "$bin/tbrdma" allreduce --port "$port" --json "$@" >/dev/null &
+    done
+    wait
+}
+allreduce -b 16K -e 16K -n 5000 -w 200 --paired-with udp-exchange
+allreduce -b 16K -e 256K -n 1000 -w 100 -d f32,bf16
+"$bin/tbrdma" lab down --name "$lab" >/dev/null
+trap - EXIT
+"$bin/pluginbench" --rounds 1 --iters 2000 >/dev/null
+
+echo "pgo.sh: 3/3 build steered by the profile into $out/release" >&2
+"$profdata" merge -o "$merged" "$profiles"
+RUSTFLAGS="$base_flags -Cprofile-use=$merged -Cllvm-args=-pgo-warn-missing-function=false -Cllvm-args=-pgso=false" \
+    CARGO_TARGET_DIR=$out cargo build --release --locked "${packages[@]}"
+echo "pgo.sh: done: $out/release (profile $merged)" >&2
