@@ -17,6 +17,36 @@ use anyhow::{Context, anyhow};
 use crate::run::{CLIENT_CPU, ENGINES, LATENCY_SIZES, SERVER_CPU};
 use crate::{Bench, Case, Options};
 
+/// The `key=value` fields of a child's line.
+struct Fields<'a> {
+    line: &'a str,
+    map: HashMap<&'a str, &'a str>,
+}
+
+impl<'a> Fields<'a> {
+    fn of(line: &'a str) -> Fields<'a> {
+        let map = line
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .collect();
+        Fields { line, map }
+    }
+
+    fn has(&self, key: &str) -> bool {
+        self.map.contains_key(key)
+    }
+
+    /// Field `key` as a number; an error names it when it is missing or not a number.
+    fn number(&self, key: &str) -> anyhow::Result<f64> {
+        let line = self.line;
+        self.map
+            .get(key)
+            .ok_or_else(|| anyhow!("no {key} in {line:?}"))?
+            .parse::<f64>()
+            .with_context(|| format!("{key} in {line:?}"))
+    }
+}
+
 /// What one case gave.
 #[derive(Clone, Copy, Debug)]
 pub enum Outcome {
@@ -40,17 +70,9 @@ pub enum Outcome {
 impl Outcome {
     /// Parses a child's `RESULT` line (without the prefix).
     pub fn parse(line: &str) -> anyhow::Result<Outcome> {
-        let map: HashMap<&str, &str> = line
-            .split_whitespace()
-            .filter_map(|kv| kv.split_once('='))
-            .collect();
-        let get = |key: &str| -> anyhow::Result<f64> {
-            map.get(key)
-                .ok_or_else(|| anyhow!("no {key} in {line:?}"))?
-                .parse::<f64>()
-                .with_context(|| format!("{key} in {line:?}"))
-        };
-        if map.contains_key("bytes") {
+        let fields = Fields::of(line);
+        let get = |key: &str| fields.number(key);
+        if fields.has("bytes") {
             Ok(Outcome::Bandwidth {
                 bytes: get("bytes")? as u64,
                 nanos: get("nanos")? as u64,
@@ -169,16 +191,8 @@ pub struct PairedRatios {
 impl PairedRatios {
     /// Parses a `PAIRED` line (without the prefix).
     pub fn parse(line: &str) -> anyhow::Result<PairedRatios> {
-        let map: HashMap<&str, &str> = line
-            .split_whitespace()
-            .filter_map(|kv| kv.split_once('='))
-            .collect();
-        let get = |key: &str| -> anyhow::Result<f64> {
-            map.get(key)
-                .ok_or_else(|| anyhow!("no {key} in {line:?}"))?
-                .parse::<f64>()
-                .with_context(|| format!("{key} in {line:?}"))
-        };
+        let fields = Fields::of(line);
+        let get = |key: &str| fields.number(key);
         Ok(PairedRatios {
             blocks: get("blocks")? as u64,
             floor_p50: get("floor_p50")?,
