@@ -4,8 +4,8 @@
 //! `unshare` of the mount namespace requires), pins itself to its CPU, raises its memlock
 //! limit, then serves or measures. A server prints `ready` once its socket listens; a client
 //! prints one `RESULT key=value…` line (and a tbrdma ping-pong's client a `PAIRED` line, its
-//! ratios to the floor it ran in lockstep with, [`crate::pairing`]). Neither ever waits forever: a case that stops making
-//! progress fails after [`STALL`].
+//! ratios to the floor it ran in lockstep with, [`crate::pairing`]). Neither ever waits
+//! forever: a case that stops making progress fails after [`STALL`].
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};

@@ -89,16 +89,17 @@ pub struct BlockFigures {
 }
 
 impl BlockFigures {
-    /// The figures of `nanos` (not empty).
+    /// The figures of `nanos` (not empty: a block has at least one round trip).
     fn of(nanos: &mut [u64]) -> BlockFigures {
         nanos.sort_unstable();
         let p50 = nanos[(nanos.len() - 1) / 2] as f64;
-        let mean = nanos.iter().map(|&n| n as f64).sum::<f64>() / nanos.len().max(1) as f64;
+        let mean = nanos.iter().map(|&n| n as f64).sum::<f64>() / nanos.len() as f64;
         BlockFigures { p50, mean }
     }
 }
 
-/// What a paired client measured beside its engine's round trips.
+/// What a paired client measured beside its engine's round trips: printed on its `PAIRED`
+/// line, read back by [`crate::report::parse_paired`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Paired {
     /// Engine blocks.

@@ -3,7 +3,7 @@
 //! Each table row is the case's median run (by p50, or MiB/s for bandwidth), so every number
 //! printed was measured, and lists every run's figure. Each ratio is computed within each round
 //! and its value is the median of those per-round ratios; an engine's ratio to its floor in a
-//! round is the one its client measured in lockstep with the floor ([`PairedRatios`],
+//! round is the one its client measured in lockstep with the floor ([`parse_paired`],
 //! [`crate::pairing`]). A median of an even count is the lower of the two middle values, for
 //! the same reason.
 
@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 
+use crate::pairing::Paired;
 use crate::run::{CLIENT_CPU, ENGINES, LATENCY_SIZES, SERVER_CPU};
 use crate::{Bench, Case, Options};
 
@@ -174,32 +175,17 @@ impl Counters {
     }
 }
 
-/// A tbrdma ping-pong's ratios to the floor it ran in lockstep with (the client's `PAIRED`
-/// line, [`crate::pairing::Paired`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PairedRatios {
-    /// Engine blocks.
-    pub blocks: u64,
-    /// The floor's median block p50, in nanoseconds.
-    pub floor_p50: f64,
-    /// Median over blocks of the engine's p50 over the floor's beside it.
-    pub ratio_p50: f64,
-    /// The same of the engine's mean.
-    pub ratio_mean: f64,
-}
-
-impl PairedRatios {
-    /// Parses a `PAIRED` line (without the prefix).
-    pub fn parse(line: &str) -> anyhow::Result<PairedRatios> {
-        let fields = Fields::of(line);
-        let get = |key: &str| fields.number(key);
-        Ok(PairedRatios {
-            blocks: get("blocks")? as u64,
-            floor_p50: get("floor_p50")?,
-            ratio_p50: get("ratio_p50")?,
-            ratio_mean: get("ratio_mean")?,
-        })
-    }
+/// Parses a tbrdma ping-pong client's `PAIRED` line (without the prefix): its ratios to the
+/// floor it ran in lockstep with.
+pub fn parse_paired(line: &str) -> anyhow::Result<Paired> {
+    let fields = Fields::of(line);
+    let get = |key: &str| fields.number(key);
+    Ok(Paired {
+        blocks: get("blocks")? as usize,
+        floor_p50: get("floor_p50")?,
+        ratio_p50: get("ratio_p50")?,
+        ratio_mean: get("ratio_mean")?,
+    })
 }
 
 /// One case's results.
@@ -214,7 +200,7 @@ pub struct Record {
     /// tbrdma cases: the client's counters.
     pub counters: Option<Counters>,
     /// tbrdma ping-pongs: the ratios to the floor run in lockstep.
-    pub paired: Option<PairedRatios>,
+    pub paired: Option<Paired>,
     /// Why it failed, when it did.
     pub error: Option<String>,
 }
@@ -366,7 +352,7 @@ fn paired(
     run: &Run,
     bench: Bench,
     size: usize,
-    pick: fn(&PairedRatios) -> f64,
+    pick: fn(&Paired) -> f64,
 ) -> Option<Vec<Option<f64>>> {
     let case = Case { bench, size };
     let records: Vec<&Record> = run.records.iter().filter(|r| r.case == case).collect();
@@ -833,7 +819,7 @@ mod tests {
     /// The same, of a tbrdma ping-pong whose client measured `ratio_p50` against its floor.
     fn paired_record(bench: Bench, round: usize, outcome: Outcome, ratio_p50: f64) -> Record {
         Record {
-            paired: (!matches!(outcome, Outcome::Failed)).then_some(PairedRatios {
+            paired: (!matches!(outcome, Outcome::Failed)).then_some(Paired {
                 blocks: 20,
                 floor_p50: 5_000.0,
                 ratio_p50,
@@ -964,15 +950,15 @@ mod tests {
     fn a_paired_line_is_read_back() {
         let line = "blocks=20 floor_p50=9123 ratio_p50=1.2345 ratio_mean=1.3000";
         assert_eq!(
-            PairedRatios::parse(line).expect("a valid line"),
-            PairedRatios {
+            parse_paired(line).expect("a valid line"),
+            Paired {
                 blocks: 20,
                 floor_p50: 9123.0,
                 ratio_p50: 1.2345,
                 ratio_mean: 1.3,
             }
         );
-        assert!(PairedRatios::parse("blocks=20 floor_p50=1").is_err());
-        assert!(PairedRatios::parse("blocks=x floor_p50=1 ratio_p50=1 ratio_mean=1").is_err());
+        assert!(parse_paired("blocks=20 floor_p50=1").is_err());
+        assert!(parse_paired("blocks=x floor_p50=1 ratio_p50=1 ratio_mean=1").is_err());
     }
 }

@@ -23,7 +23,7 @@ use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
 use tbrdma_verbs::EngineKind;
 
 use crate::child::{ChildArgs, FLOOR_PORT_OFFSET};
-use crate::report::{self, Counters, Outcome, PairedRatios, Record, Run};
+use crate::report::{self, Counters, Outcome, Record, Run};
 use crate::{Bench, Case, Options};
 
 /// CPU of the server (rank 0) and of the client (rank 1).
@@ -273,7 +273,7 @@ fn run_case(
         paired: stdout
             .lines()
             .find_map(|l| l.strip_prefix("PAIRED "))
-            .map(PairedRatios::parse)
+            .map(report::parse_paired)
             .transpose()?,
         error: None,
     })
