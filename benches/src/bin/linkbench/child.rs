@@ -4,22 +4,19 @@
 //! `unshare` of the mount namespace requires), pins itself to its CPU, raises its memlock
 //! limit, then serves or measures. A server prints `ready` once its socket listens; a client
 //! prints one `RESULT key=value…` line (and a tbrdma ping-pong's client a `PAIRED` line, its
-//! ratios to the floor it ran in lockstep with, [`crate::pairing`]). Neither ever waits
-//! forever: a case that stops making progress fails after [`STALL`].
+//! ratios to the floor it ran in lockstep with, [`tbrdma_floors::pairing`]). Neither ever waits
+//! forever: a case that stops making progress fails after [`tbrdma_floors::STALL`].
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use hdrhistogram::Histogram;
+use tbrdma_floors::pairing::{Paired, Plan};
 
-use crate::pairing::Paired;
-use crate::{Bench, Case, frames, kernel, rdma};
-
-/// Longest a case may go without progress before it fails.
-pub const STALL: Duration = Duration::from_secs(10);
+use crate::{Bench, Case, kernel, rdma};
 
 /// Everything a child needs to know.
 #[derive(Clone, Debug)]
@@ -42,7 +39,7 @@ pub struct ChildArgs {
     pub iters: u64,
     /// Length of a bandwidth case.
     pub duration: Duration,
-    /// Round trips per block of a tbrdma ping-pong paired with its floor ([`crate::pairing`]).
+    /// Round trips per block of a tbrdma ping-pong paired with its floor ([`tbrdma_floors::pairing`]).
     pub block: u64,
 }
 
@@ -95,10 +92,19 @@ impl ChildArgs {
 
     /// Round trips in all (warm-up included): the server echoes exactly this many.
     pub fn total(&self) -> u64 {
-        self.warmup + self.iters
+        self.plan().total()
     }
 
-    /// Where the server of a tbrdma ping-pong serves its floor ([`crate::pairing`]): the case's
+    /// The case's round trips and blocks.
+    pub fn plan(&self) -> Plan {
+        Plan {
+            warmup: self.warmup,
+            iters: self.iters,
+            block: self.block,
+        }
+    }
+
+    /// Where the server of a tbrdma ping-pong serves its floor ([`tbrdma_floors::pairing`]): the case's
     /// address, [`FLOOR_PORT_OFFSET`] ports up.
     pub fn floor_addr(&self) -> anyhow::Result<SocketAddr> {
         let port = self
@@ -147,14 +153,6 @@ pub fn ready() {
     println!("ready");
 }
 
-/// Fails when `since` is longer ago than [`STALL`].
-pub fn check_stall(since: Instant, what: &str) -> anyhow::Result<()> {
-    if since.elapsed() > STALL {
-        bail!("no progress for {STALL:?} while {what}");
-    }
-    Ok(())
-}
-
 fn pin(cpu: usize) -> anyhow::Result<()> {
     let mut set = nix::sched::CpuSet::new();
     set.set(cpu).with_context(|| format!("CPU {cpu}"))?;
@@ -172,8 +170,8 @@ fn run(args: &ChildArgs) -> anyhow::Result<()> {
     let measured = match (args.case.bench, args.server) {
         (Bench::UdpFloor, true) => return kernel::udp_server(args),
         (Bench::UdpFloor, false) => kernel::udp_client(args)?,
-        (Bench::FrameFloor, true) => return frames::frame_server(args),
-        (Bench::FrameFloor, false) => frames::frame_client(args)?,
+        (Bench::FrameFloor, true) => return kernel::frame_server(args),
+        (Bench::FrameFloor, false) => kernel::frame_client(args)?,
         (Bench::TcpBlocking, true) => return kernel::tcp_server(args),
         (Bench::TcpBlocking, false) => kernel::tcp_client(args)?,
         (Bench::TcpStream, true) => return kernel::stream_server(args),
@@ -237,56 +235,6 @@ pub fn main(argv: &[String]) -> ExitCode {
                 args.case.size
             );
             ExitCode::FAILURE
-        }
-    }
-}
-
-/// Bytes the last datagram of a floor's message of several carries at least: an Ethernet
-/// frame shorter than 64 bytes is padded, and 64 leave room for its numbers.
-const MIN_LAST_DATAGRAM: usize = 64;
-
-/// How a floor cuts a message of `size` bytes into datagrams of at most `max`: as few as carry
-/// it (whole ones, then the rest), as an engine must, the last one at least
-/// [`MIN_LAST_DATAGRAM`] bytes (taken from the one before it). A message that fits is one
-/// datagram.
-pub fn datagram_lengths(size: usize, max: usize) -> Vec<usize> {
-    if size <= max {
-        return vec![size];
-    }
-    let mut lengths = vec![max; size / max];
-    let rest = size % max;
-    if rest > 0 {
-        let last = rest.max(MIN_LAST_DATAGRAM);
-        if let Some(before) = lengths.last_mut() {
-            *before -= last - rest;
-        }
-        lengths.push(last);
-    }
-    lengths
-}
-
-#[cfg(test)]
-mod tests {
-    use super::datagram_lengths;
-
-    #[test]
-    fn a_floor_message_is_cut_into_the_fewest_datagrams_that_carry_it() {
-        assert_eq!(datagram_lengths(8, 65_507), [8]);
-        assert_eq!(datagram_lengths(65_507, 65_507), [65_507]);
-        assert_eq!(datagram_lengths(65_536, 65_507), [65_472, 64]);
-        assert_eq!(datagram_lengths(131_014, 65_507), [65_507, 65_507]);
-        assert_eq!(
-            datagram_lengths(200_000, 65_507),
-            [65_507, 65_507, 65_507, 3_479]
-        );
-        for size in [65_508, 65_570, 65_571, 100_000, 262_144] {
-            let lengths = datagram_lengths(size, 65_507);
-            assert_eq!(lengths.iter().sum::<usize>(), size);
-            assert_eq!(lengths.len(), size.div_ceil(65_507));
-            assert!(
-                lengths.iter().all(|&l| (64..=65_507).contains(&l)),
-                "{lengths:?}"
-            );
         }
     }
 }

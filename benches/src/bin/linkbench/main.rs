@@ -9,7 +9,7 @@
 //! The whole list of cases runs `--rounds` times (3 by default), interleaved: round 1 runs every
 //! case in order, then round 2 runs them all again, and so on, so that the machine's drift
 //! between cases hits every system alike. Each tbrdma ping-pong runs in lockstep with its floor
-//! in the same two processes, in blocks of `--block` round trips ([`pairing`]), and its ratio to
+//! in the same two processes, in blocks of `--block` round trips ([`tbrdma_floors::pairing`]), and its ratio to
 //! the floor in a round is the median over its blocks of each block against the floor blocks
 //! beside it: the test hosts change speed within fractions of a second, so even a floor run
 //! just before and after the case, in other processes, judged the engine by the host's mood
@@ -23,9 +23,7 @@
 //! cases in [`rdma`], the table in [`report`].
 
 mod child;
-mod frames;
 mod kernel;
-mod pairing;
 mod rdma;
 mod report;
 mod run;
@@ -137,7 +135,7 @@ pub struct Options {
     pub only: Vec<String>,
     /// How many times the whole list of selected cases runs, interleaved (at least 1).
     pub rounds: usize,
-    /// Round trips per block of a tbrdma ping-pong and of its floor ([`pairing`]).
+    /// Round trips per block of a tbrdma ping-pong and of its floor ([`tbrdma_floors::pairing`]).
     pub block: u64,
 }
 

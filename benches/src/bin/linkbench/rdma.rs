@@ -12,7 +12,7 @@
 //!   server to stop.
 //!
 //! Each ping-pong runs in lockstep with its floor in the same two processes
-//! ([`crate::pairing`]): the client reports its round trips and its ratios to the floor.
+//! ([`tbrdma_floors::pairing`]): the client reports its round trips and its ratios to the floor.
 //!
 //! Regions are announced as connection private data: address (u64) then rkey (u32).
 
@@ -20,13 +20,14 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use tbrdma_floors::check_stall;
+use tbrdma_floors::frames::{FrameEchoer, FramePinger};
+use tbrdma_floors::pairing::{Echoer, Pinger, run_client, run_server};
+use tbrdma_floors::udp::{UdpEchoer, UdpPinger};
 use tbrdma_verbs::*;
 
 use crate::Bench;
-use crate::child::{ChildArgs, Measured, check_stall, ready};
-use crate::frames::{FrameEchoer, FramePinger};
-use crate::kernel::{UdpEchoer, UdpPinger};
-use crate::pairing::{Echoer, Pinger, run_client, run_server};
+use crate::child::{ChildArgs, Measured, RoundTrips, ready};
 
 /// Receives pre-posted on each side of the SEND ping-pong.
 const RECV_SLOTS: usize = 16;
@@ -225,7 +226,7 @@ fn await_receive(
     Ok(received.unwrap_or_default())
 }
 
-/// The floor a tbrdma ping-pong's server runs in lockstep with it ([`crate::pairing`]), bound
+/// The floor a tbrdma ping-pong's server runs in lockstep with it ([`tbrdma_floors::pairing`]), bound
 /// before the server says it is ready.
 fn floor_echoer(args: &ChildArgs) -> anyhow::Result<Box<dyn Echoer>> {
     let addr = args.floor_addr()?;
@@ -329,7 +330,7 @@ pub fn send_server(args: &ChildArgs) -> anyhow::Result<()> {
     let mut floor = floor_echoer(args)?;
     let dev = open(args)?;
     let mut side = SendSide::connect(args, &dev, serve)?;
-    run_server(&mut side, floor.as_mut(), args)?;
+    run_server(&mut side, floor.as_mut(), args.plan())?;
     drain_sends(&side.cq, &mut side.sends)?;
     linger(&side.cq);
     Ok(())
@@ -340,7 +341,10 @@ pub fn send_client(args: &ChildArgs) -> anyhow::Result<Measured> {
     let dev = open(args)?;
     let mut side = SendSide::connect(args, &dev, dial)?;
     let mut floor = floor_pinger(args)?;
-    let (rtts, paired) = run_client(&mut side, floor.as_mut(), args)?;
+    let mut rtts = RoundTrips::new();
+    let paired = run_client(&mut side, floor.as_mut(), args.plan(), &mut |rtt| {
+        rtts.record(rtt)
+    })?;
     drain_sends(&side.cq, &mut side.sends)?;
     report_stats(&dev, &side.qp);
     Ok(Measured::Paired(rtts, paired))
@@ -477,7 +481,7 @@ pub fn write_server(args: &ChildArgs) -> anyhow::Result<()> {
     let conn = serve(args, &pd, &cq, announce_inbox(&inbox))?;
     let mut side = write_side(args, &pd, cq, inbox, conn)?;
     side.lend()?;
-    run_server(&mut side, floor.as_mut(), args)?;
+    run_server(&mut side, floor.as_mut(), args.plan())?;
     drain_sends(&side.cq, &mut side.sends)?;
     linger(&side.cq);
     Ok(())
@@ -492,7 +496,10 @@ pub fn write_client(args: &ChildArgs) -> anyhow::Result<Measured> {
     let conn = dial(args, &pd, &cq, announce_inbox(&inbox))?;
     let mut side = write_side(args, &pd, cq, inbox, conn)?;
     let mut floor = floor_pinger(args)?;
-    let (rtts, paired) = run_client(&mut side, floor.as_mut(), args)?;
+    let mut rtts = RoundTrips::new();
+    let paired = run_client(&mut side, floor.as_mut(), args.plan(), &mut |rtt| {
+        rtts.record(rtt)
+    })?;
     drain_sends(&side.cq, &mut side.sends)?;
     report_stats(&dev, &side.qp);
     Ok(Measured::Paired(rtts, paired))

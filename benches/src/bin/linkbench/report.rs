@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 
-use crate::pairing::Paired;
 use crate::run::{CLIENT_CPU, ENGINES, LATENCY_SIZES, SERVER_CPU};
 use crate::{Bench, Case, Options};
+use tbrdma_floors::pairing::Paired;
 
 /// The `key=value` fields of a child's line.
 struct Fields<'a> {

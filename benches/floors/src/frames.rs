@@ -14,7 +14,7 @@
 //! acknowledgements, completions) is what its ratio to this floor measures.
 //!
 //! A message larger than one frame (64 KiB: the MTU is 65 520) goes as the fewest frames that
-//! carry it ([`crate::child::datagram_lengths`]), all sent before the first echo is awaited, and
+//! carry it ([`crate::datagram_lengths`]), all sent before the first echo is awaited, and
 //! the server echoes only once it has them all, as an engine's peer answers only a whole
 //! message: the floor moves the same bytes as the engine does, in as few frames as the cable
 //! allows.
@@ -34,8 +34,8 @@ use anyhow::{Context, ensure};
 use tbrdma_engine::io::packet::PacketIo;
 use tbrdma_engine::io::{DatagramIo, Received, TxBatch};
 
-use crate::child::{ChildArgs, Measured, check_stall, datagram_lengths, ready};
-use crate::pairing::{Echoer, Pinger, run_alone, serve_alone};
+use crate::pairing::{Echoer, Pinger};
+use crate::{check_stall, datagram_lengths};
 
 /// Largest datagram of the floor (a UDP datagram's largest payload, as the UDP floor uses).
 const MAX_DATAGRAM: usize = 65_507;
@@ -110,6 +110,7 @@ fn all_frames(frames: usize) -> u64 {
 }
 
 /// The raw-frame floor's server: the packet backend, and the message being gathered.
+#[derive(Debug)]
 pub struct FrameEchoer {
     io: PacketIo,
     frames: usize,
@@ -194,15 +195,9 @@ impl Echoer for FrameEchoer {
     }
 }
 
-/// Echoes every message of the case.
-pub fn frame_server(args: &ChildArgs) -> anyhow::Result<()> {
-    let mut echoer = FrameEchoer::open(args.server_addr, args.case.size)?;
-    ready();
-    serve_alone(&mut echoer, args)
-}
-
 /// The raw-frame floor's client: the packet backend, the message's frames, where the echo
 /// lands, and the number of the next message.
+#[derive(Debug)]
 pub struct FramePinger {
     io: PacketIo,
     server: SocketAddr,
@@ -284,11 +279,4 @@ impl Pinger for FramePinger {
         };
         Ok(rtt)
     }
-}
-
-/// Sends a message of the case's size, spins until all of its echo is back; one round trip
-/// each.
-pub fn frame_client(args: &ChildArgs) -> anyhow::Result<Measured> {
-    let mut pinger = FramePinger::open(args.ip, args.server_addr, args.case.size)?;
-    Ok(Measured::RoundTrips(run_alone(&mut pinger, args)?))
 }

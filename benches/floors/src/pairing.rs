@@ -1,22 +1,40 @@
-//! An engine case and its floor in lockstep, within the same two processes (issue 16).
+//! A tbrdma ping-pong and its floor in lockstep, within the same two processes (issue 16).
 //!
 //! The test hosts change speed from one fraction of a second to the next, so a floor measured in
 //! another pair of processes, even just before and after the engine case, judged the engine by
-//! the host's mood (per-round ratios of one case spread by up to 1.9x). So every tbrdma
-//! ping-pong child also opens its floor, on the same cable, at [`ChildArgs::floor_addr`], and
-//! both processes follow the same [`schedule`]: the engine's warm-up, the floor's, then blocks
-//! of round trips of the floor and the engine in turn, a floor block first and last. Each engine
-//! block is judged against the geometric mean of the two floor blocks beside it, milliseconds
-//! away, and the case's ratio is the median over its blocks ([`block_ratios`]). The floor and
-//! the engine never run at the same time: the side not in its block is not polled (in caller
-//! mode the engine's keeper sends any acknowledgement it holds meanwhile).
+//! the host's mood (per-round ratios of one case spread by up to 1.9x). So the ping-pong's
+//! processes also open its floor on the same cable, and both follow the same [`schedule`]: the
+//! engine's warm-up, the floor's, then blocks of round trips of the floor and the engine in
+//! turn, a floor block first and last. Each engine block is judged against the geometric mean of
+//! the two floor blocks beside it, milliseconds away, and the ratio is the median over its
+//! blocks ([`block_ratios`]). The floor and the engine never run at the same time: the side not
+//! in its block is not polled (in caller mode the engine's keeper sends any acknowledgement it
+//! holds meanwhile).
 //!
-//! This module owns the schedule and the block arithmetic; the ping-pongs themselves are the
-//! [`Pinger`]s and [`Echoer`]s of [`crate::kernel`], [`crate::frames`] and [`crate::rdma`].
+//! This module owns the schedule and the block arithmetic; the ping-pongs themselves are
+//! [`Pinger`]s and [`Echoer`]s: the floors of [`crate::udp`] and [`crate::frames`], and the
+//! engine ping-pongs of `linkbench` and `tbrdma pingpong`.
 
 use std::time::Duration;
 
-use crate::child::{ChildArgs, RoundTrips};
+/// How many round trips a paired (or lone) ping-pong runs, and in what blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Untimed round trips of each side before the first block.
+    pub warmup: u64,
+    /// Timed round trips of the engine.
+    pub iters: u64,
+    /// Round trips per block.
+    pub block: u64,
+}
+
+impl Plan {
+    /// Round trips in all (warm-up included) of a ping-pong run alone: its server echoes
+    /// exactly this many.
+    pub fn total(&self) -> u64 {
+        self.warmup + self.iters
+    }
+}
 
 /// The client of a ping-pong, one round trip at a time.
 pub trait Pinger {
@@ -52,11 +70,16 @@ pub struct Stretch {
     pub timed: bool,
 }
 
-/// The order both processes follow: `warmup` round trips of the engine, then of the floor, then
-/// floor and engine blocks of `block` round trips in turn (the last engine block takes what is
-/// left of `iters`), a floor block first and last. Both sides compute it from the same
+/// The order both processes follow: `plan.warmup` round trips of the engine, then of the
+/// floor, then floor and engine blocks of `plan.block` round trips in turn (the last engine
+/// block takes what is left of `plan.iters`), a floor block first and last. Both sides compute it from the same
 /// arguments, so no message ever says where they are.
-pub fn schedule(warmup: u64, iters: u64, block: u64) -> Vec<Stretch> {
+pub fn schedule(plan: Plan) -> Vec<Stretch> {
+    let Plan {
+        warmup,
+        iters,
+        block,
+    } = plan;
     let block = block.max(1);
     let stretch = |side, round_trips, timed| Stretch {
         side,
@@ -90,7 +113,7 @@ pub struct BlockFigures {
 
 impl BlockFigures {
     /// The figures of `nanos` (not empty: a block has at least one round trip).
-    fn of(nanos: &mut [u64]) -> BlockFigures {
+    pub fn of(nanos: &mut [u64]) -> BlockFigures {
         nanos.sort_unstable();
         let p50 = nanos[(nanos.len() - 1) / 2] as f64;
         let mean = nanos.iter().map(|&n| n as f64).sum::<f64>() / nanos.len() as f64;
@@ -98,8 +121,7 @@ impl BlockFigures {
     }
 }
 
-/// What a paired client measured beside its engine's round trips: printed on its `PAIRED`
-/// line, read back by [`crate::report::parse_paired`].
+/// What a paired client measured beside its engine's round trips.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Paired {
     /// Engine blocks.
@@ -134,16 +156,16 @@ pub fn block_ratios(engine: &[BlockFigures], floor: &[BlockFigures]) -> Paired {
     }
 }
 
-/// Runs the client's side of the schedule: every timed engine round trip (for the case's own
-/// figures) and the paired ratios.
+/// Runs the client's side of the schedule: hands every timed engine round trip to
+/// `each_engine_round_trip` (for the engine's own figures) and returns the paired ratios.
 pub fn run_client(
     engine: &mut dyn Pinger,
     floor: &mut dyn Pinger,
-    args: &ChildArgs,
-) -> anyhow::Result<(RoundTrips, Paired)> {
-    let mut all = RoundTrips::new();
+    plan: Plan,
+    each_engine_round_trip: &mut dyn FnMut(Duration),
+) -> anyhow::Result<Paired> {
     let (mut engine_blocks, mut floor_blocks) = (Vec::new(), Vec::new());
-    for stretch in schedule(args.warmup, args.iters, args.block) {
+    for stretch in schedule(plan) {
         let pinger: &mut dyn Pinger = match stretch.side {
             Side::Engine => engine,
             Side::Floor => floor,
@@ -160,7 +182,7 @@ pub fn run_client(
         }
         if stretch.side == Side::Engine {
             for &n in &nanos {
-                all.record(Duration::from_nanos(n));
+                each_engine_round_trip(Duration::from_nanos(n));
             }
         }
         let figures = BlockFigures::of(&mut nanos);
@@ -169,16 +191,16 @@ pub fn run_client(
             Side::Floor => floor_blocks.push(figures),
         }
     }
-    Ok((all, block_ratios(&engine_blocks, &floor_blocks)))
+    Ok(block_ratios(&engine_blocks, &floor_blocks))
 }
 
 /// Runs the server's side of the same schedule.
 pub fn run_server(
     engine: &mut dyn Echoer,
     floor: &mut dyn Echoer,
-    args: &ChildArgs,
+    plan: Plan,
 ) -> anyhow::Result<()> {
-    for stretch in schedule(args.warmup, args.iters, args.block) {
+    for stretch in schedule(plan) {
         let echoer: &mut dyn Echoer = match stretch.side {
             Side::Engine => engine,
             Side::Floor => floor,
@@ -190,22 +212,26 @@ pub fn run_server(
     Ok(())
 }
 
-/// A ping-pong alone (a floor's own case): `warmup` round trips, then `iters` timed ones.
-pub fn run_alone(pinger: &mut dyn Pinger, args: &ChildArgs) -> anyhow::Result<RoundTrips> {
-    let mut rtts = RoundTrips::new();
-    for i in 0..args.total() {
-        let warming = i < args.warmup;
+/// A ping-pong alone (a floor's own case): `plan.warmup` round trips, then `plan.iters` timed
+/// ones, each handed to `each` (`plan.block` is not used).
+pub fn run_alone(
+    pinger: &mut dyn Pinger,
+    plan: Plan,
+    each: &mut dyn FnMut(Duration),
+) -> anyhow::Result<()> {
+    for i in 0..plan.total() {
+        let warming = i < plan.warmup;
         let rtt = pinger.round_trip(warming)?;
         if !warming {
-            rtts.record(rtt);
+            each(rtt);
         }
     }
-    Ok(rtts)
+    Ok(())
 }
 
 /// The server of a ping-pong alone: answers every message of [`run_alone`].
-pub fn serve_alone(echoer: &mut dyn Echoer, args: &ChildArgs) -> anyhow::Result<()> {
-    for _ in 0..args.total() {
+pub fn serve_alone(echoer: &mut dyn Echoer, plan: Plan) -> anyhow::Result<()> {
+    for _ in 0..plan.total() {
         echoer.echo()?;
     }
     Ok(())
@@ -217,7 +243,12 @@ mod tests {
 
     #[test]
     fn the_schedule_puts_every_engine_block_between_two_floor_blocks() {
-        let s = schedule(100, 1_100, 500);
+        let plan = |warmup, iters, block| Plan {
+            warmup,
+            iters,
+            block,
+        };
+        let s = schedule(plan(100, 1_100, 500));
         let shape: Vec<(Side, u64, bool)> =
             s.iter().map(|s| (s.side, s.round_trips, s.timed)).collect();
         assert_eq!(
@@ -241,7 +272,7 @@ mod tests {
             .sum();
         assert_eq!(engine, 1_100);
         // No warm-up, a block of zero taken as one.
-        assert_eq!(schedule(0, 2, 0).len(), 5);
+        assert_eq!(schedule(plan(0, 2, 0)).len(), 5);
     }
 
     #[test]
