@@ -2,8 +2,8 @@
 //! taken. It dispatches control packets (ACK, NAK, keep-alive) to the outgoing stream and the
 //! acknowledgement policy, and accepts sequenced packets in order: duplicates are dropped,
 //! packets of the message that holds the next expected PSN are taken in any order (tracked
-//! per packet), packets of later messages are stashed until their turn (or dropped and NAKed
-//! when the stash is full). It owns the next expected PSN, the message in progress, the stash,
+//! per packet) except its last, which waits for the others, packets of later messages are
+//! stashed until their turn (or dropped and NAKed when the stash is full). It owns the next expected PSN, the message in progress, the stash,
 //! what an ACK reports (selective blocks) and sequence-error NAKs.
 //!
 //! What an accepted packet *does* (placement, execution, completions, refusals) is the
@@ -446,7 +446,8 @@ impl Connection {
             return;
         }
         let segment = packet.ext.segment().copied();
-        if !self.belongs(psn, segment.as_ref()) {
+        if !self.belongs(psn, segment.as_ref()) || self.last_before_the_rest(psn, segment.as_ref())
+        {
             if self.rx.stash(psn, segment, arrival.datagram, arrival.tail) {
                 self.stats.out_of_order_stashed += 1;
                 // SACK what is held, so the sender resends only the gap.
@@ -480,6 +481,20 @@ impl Connection {
         }
     }
 
+    /// Whether a packet at `psn` is the last of a message of several, come before all the
+    /// others are placed. It waits in the stash until they are, so that the last bytes of a
+    /// message are placed last: a reader polling a flag in a WRITE's last word (as `ib_write_lat`
+    /// does) sees it only once the rest of the WRITE is in place (docs/semantics.md,
+    /// "Visibility"). On an in-order link the last packet comes last and this costs nothing.
+    fn last_before_the_rest(&self, psn: Psn, segment: Option<&Segment>) -> bool {
+        let Some(seg) = segment else {
+            return false;
+        };
+        psn != self.rx.expected
+            && psn.distance_from(seg.msg_first_psn).wrapping_add(1)
+                == packets_for(seg.msg_len, self.max_payload)
+    }
+
     /// Processes stashed packets whose turn has come.
     fn drain_stash<M: Memory + ?Sized>(&mut self, now: Time, mem: &mut M) {
         while self.state == ConnectionState::Established && !self.rx.stash.is_empty() {
@@ -489,12 +504,9 @@ impl Connection {
                 self.rx.spare.push(buf);
                 continue;
             }
-            let Some(index) = self
-                .rx
-                .stash
-                .iter()
-                .position(|(p, seg, _)| self.belongs(*p, seg.as_ref()))
-            else {
+            let Some(index) = self.rx.stash.iter().position(|(p, seg, _)| {
+                self.belongs(*p, seg.as_ref()) && !self.last_before_the_rest(*p, seg.as_ref())
+            }) else {
                 return;
             };
             let (_, _, bytes) = self.rx.stash.remove(index);

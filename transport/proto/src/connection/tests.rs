@@ -2397,3 +2397,42 @@ fn a_spurious_timeout_still_teaches_the_round_trip() {
         "only the first flight, sent before any sample, times out: {stats:?}"
     );
 }
+
+/// The last packet of a message is placed only once all the others are: a reader that polls a
+/// flag in a WRITE's last bytes (`ib_write_lat`, `tbrdma pingpong --op write`) must not see it
+/// while an earlier packet is still missing. Delivered last-first-middle, the last packet's
+/// bytes stay untouched until the middle one has been placed, then all three are in.
+#[test]
+fn the_last_packet_of_a_message_is_placed_after_all_the_others() {
+    use crate::wire::decode;
+    let mut p = pair();
+    let mp = Config::default().max_payload() as usize;
+    let len = 2 * mp + 100; // Three packets; the last carries 100 bytes.
+    let dst = post_write(&mut p, &pattern(len, 5));
+    let now = p.now;
+    let writes: Vec<Vec<u8>> = transmit_all(&mut p.a, now)
+        .into_iter()
+        .filter(|d| decode(d).is_ok_and(|p| p.header.opcode.carries_data()))
+        .collect();
+    assert_eq!(writes.len(), 3, "three data packets");
+    let last = 2 * mp..len;
+    let untouched = |p: &Pair| p.b.mem.bytes(&dst, last.start, 100) == &[0u8; 100][..];
+    p.b.conn.handle_datagram(now, &writes[2], &mut p.b.mem);
+    assert!(untouched(&p), "the last packet was placed first");
+    p.b.conn.handle_datagram(now, &writes[0], &mut p.b.mem);
+    assert!(
+        untouched(&p),
+        "the last packet was placed before the middle one"
+    );
+    assert!(p.b.mem.bytes(&dst, 0, mp) == &pattern(len, 5)[..mp]);
+    p.b.conn.handle_datagram(now, &writes[1], &mut p.b.mem);
+    assert!(
+        p.b.mem.bytes(&dst, 0, len) == &pattern(len, 5)[..],
+        "the whole WRITE is in place"
+    );
+    assert_eq!(p.b.conn.stats().out_of_order_stashed, 1);
+    // The sender learns it all arrived: its WRITE completes with nothing resent.
+    assert!(p.drive(STEPS));
+    assert_eq!(only(p.a.take_completions()).status, WcStatus::Success);
+    assert_eq!(p.a.conn.stats().retransmits, 0);
+}
