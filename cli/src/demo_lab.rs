@@ -105,7 +105,18 @@ pub fn run() -> anyhow::Result<()> {
     println!("   rank 0 cables: {} and {}", addr(0, 0), addr(0, 1));
     println!("   rank 1 cables: {} and {}", addr(1, 0), addr(1, 1));
     let (s0, c0) = (addr(0, 0), addr(1, 0));
-    let sizes = ["--size", "8", "--size", "4096", "--size", "65536"];
+    // Each size also runs the kernel's floor on the same cable in turn with tbrdma
+    // (`--paired-with`), and says how far above it tbrdma is.
+    let sizes = [
+        "--size",
+        "8",
+        "--size",
+        "4096",
+        "--size",
+        "65536",
+        "--paired-with",
+        "floor",
+    ];
     for op in ["write", "send"] {
         let mut server = strings(&[
             "pingpong", "--bind", &s0, "--op", op, "--iters", "2000", "--verify",
@@ -117,7 +128,9 @@ pub fn run() -> anyhow::Result<()> {
         client.extend(strings(&sizes));
         run_pair(
             &name,
-            &format!("ping-pong, {op}, one-way latency in µs (like ib_{op}_lat)"),
+            &format!(
+                "ping-pong, {op}, one-way latency in µs (like ib_{op}_lat), against the kernel's UDP floor on the same cable"
+            ),
             server,
             client,
         )?;

@@ -274,6 +274,56 @@ fn pingpong_with_a_background_progress_thread() {
     }
 }
 
+/// `--paired-with floor`: tbrdma's ping-pong in lockstep with its engine's floor over the same
+/// cable, as linkbench runs it (UDP for the sockets engine, raw frames for the packet engine).
+/// Every line says which floor, in how many blocks, and tbrdma's ratios to it; the refusals
+/// come before anything connects.
+#[test]
+fn pingpong_paired_with_its_floor_reports_its_ratios_block_by_block() {
+    let Some((_serial, lab)) = lab("pp2") else {
+        return;
+    };
+    for (engine, floor) in [("sockets", "udp"), ("packet", "frames")] {
+        for op in ["write", "send"] {
+            let mut args = vec!["--op", op, "--engine", engine, "--paired-with", "floor"];
+            args.extend(["--iters", "300", "--warmup", "20", "--block", "100"]);
+            args.extend(["--size", "8", "--size", "65536", "--verify", "--json"]);
+            let out = pair(&lab, "pingpong", &args);
+            let lines = json_lines(&out);
+            assert_eq!(lines.len(), 2, "{engine}/{op}: {lines:?}");
+            for (line, size) in lines.iter().zip([8, 65536]) {
+                check_latency(line, op, size, 300);
+                let paired = &line["paired"];
+                assert_eq!(paired["floor"], floor, "{line}");
+                // 300 round trips in blocks of 100, each between two floor blocks.
+                assert_eq!(paired["blocks"].as_u64(), Some(3), "{line}");
+                assert_eq!(paired["block"].as_u64(), Some(100), "{line}");
+                for key in ["floor_typical_us", "ratio_typical", "ratio_avg"] {
+                    let v = num(paired, key);
+                    assert!(v.is_finite() && v > 0.0, "{key}: {line}");
+                }
+            }
+        }
+    }
+    // As text: the ratios go on a comment line under the size's row.
+    let args = ["--paired-with", "udp", "--iters", "200", "--block", "100"];
+    let out = pair(&lab, "pingpong", &args);
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("# paired with the udp floor in 2 blocks of 100"),
+        "{stdout}"
+    );
+    let server_ip = lab.address(0, 1, 0).to_string();
+    for (refused, why) in [
+        (vec!["--op", "read"], "--paired-with pairs WRITE and SEND"),
+        (vec!["--warmup", "0"], "--warmup of at least 1"),
+    ] {
+        let mut args = vec!["pingpong", &server_ip, "--paired-with", "floor"];
+        args.extend(refused);
+        one_line_failure(&client(&lab, &args), &[why]);
+    }
+}
+
 #[test]
 fn bw_streams_every_op_over_several_connections_and_both_directions() {
     let Some((_serial, lab)) = lab("bw") else {

@@ -3,12 +3,14 @@
 //! and the one-line error of a failed run go to stderr.
 //!
 //! Layout: `options` (flags, and what both sides must agree on), `session` (device, connection
-//! manager, completions, DONE), `pingpong` and `bw` (the measurements), `stats` and `report`
+//! manager, completions, DONE), `pingpong` and `bw` (the measurements), `paired` (the floor a
+//! `pingpong --paired-with` runs beside tbrdma), `stats` and `report`
 //! (numbers and their lines), `pattern` (`--verify`), `devices`.
 
 pub mod bw;
 pub mod devices;
 pub mod options;
+mod paired;
 pub mod pattern;
 pub mod pingpong;
 mod report;

@@ -4,13 +4,15 @@
 //! Per iteration, with `seq` a counter both sides advance in step (1, 2, … across all sizes):
 //! - write: the client WRITEs `size` bytes into the server's region plus `seq` in an aligned
 //!   8-byte counter word at `align8(size)`; the server busy-polls that word (an atomic load),
-//!   then WRITEs back the same way. When payload, padding and counter fit in one datagram they
-//!   travel as one WRITE, as `ib_write_lat` does (with caller progress the engine places a
-//!   datagram whole inside this side's poll, so the counter is never seen before the payload;
-//!   with a background engine thread only up to 1 KiB); otherwise the counter is a second
-//!   8-byte WRITE posted behind the payload's, which the transport places only once the payload
-//!   is complete (it never places a later message before an earlier one is whole). One-way =
-//!   round trip / 2.
+//!   then WRITEs back the same way. With caller progress, payload, padding and counter travel
+//!   as one WRITE whatever its size, as `ib_write_lat` sends one: the transport places a
+//!   message's last datagram only after all its others (docs/semantics.md, "Visibility"), and
+//!   places each datagram whole inside this side's poll, so the counter is never seen before
+//!   the payload. With a background engine thread, which may be copying the last datagram
+//!   while this side reads the counter, only up to 1 KiB travels as one WRITE; beyond it the
+//!   counter is a second 8-byte WRITE posted behind the payload's, which the transport places
+//!   only once the payload is complete (it never places a later message before an earlier one
+//!   is whole). One-way = round trip / 2.
 //! - send: SEND of `size` bytes into a pre-posted receive, answered the same way. One-way =
 //!   round trip / 2.
 //! - read: the client READs `size` bytes; the full READ latency is reported, as ib_read_lat.
@@ -35,12 +37,14 @@
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use tbrdma_floors::pairing::{Echoer, Pinger, Plan, run_client, run_server};
 use tbrdma_verbs::{
-    Access, EngineConfig, MemoryRegion, Progress as EngineProgress, RecvWr, SendOp, SendWr,
-    WcOpcode, WorkCompletion,
+    Access, MemoryRegion, Progress as EngineProgress, RecvWr, SendOp, SendWr, WcOpcode,
+    WorkCompletion,
 };
 
 use crate::perf::options::{LatOp, PingpongArgs};
+use crate::perf::paired::{self, Floor, PairedLine};
 use crate::perf::pattern;
 use crate::perf::report;
 use crate::perf::session::{self, Announce, DONE_IMM, Interrupted, Remote, Session, Setup, Watch};
@@ -50,8 +54,6 @@ use crate::perf::stats::Samples;
 /// as one WRITE: the thread places a datagram while this side polls the counter, and a copy
 /// this short is never seen half done in practice; longer ones could show the counter first.
 const ONE_WRITE_THREAD: usize = 1024;
-/// Room kept for the protocol's headers when a whole WRITE must fit one datagram.
-const HEADER_ROOM: usize = 128;
 /// Receives pre-posted for `--op send`.
 const RECV_SLOTS: usize = 4;
 /// Bytes in front of each target half: room for a datagram's header, so that the half can be
@@ -128,12 +130,15 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
     if args.iters == 0 {
         bail!("--iters must be at least 1");
     }
+    paired::check_args(&args)?;
     session::raise_memlock();
     let server = match &args.connect.server {
         Some(s) => Some(session::server_addr(s, args.connect.port)?),
         None => None,
     };
     let dev = session::open_device(&args.connect, server, false)?;
+    let floor = args.paired_with.map(|f| Floor::of(f, dev.engine_kind()));
+    let local_ip = dev.ip();
     let pd = dev.alloc_pd();
     let max = *sizes.iter().max().expect("at least one size");
     let half = align8(max) + 8;
@@ -178,7 +183,7 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
     )?;
     let peer = session.peer_region()?;
     let one_write = match dev.progress_mode() {
-        EngineProgress::Caller => EngineConfig::default().max_datagram - HEADER_ROOM,
+        EngineProgress::Caller => usize::MAX,
         EngineProgress::Thread => ONE_WRITE_THREAD,
     };
     let mut run = Run {
@@ -227,32 +232,72 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
         let mut samples = Samples::with_capacity(args.iters as usize);
         let mut progress = Progress::new(size, total);
         let mut stopped = None;
-        for i in 0..total {
-            if session::interrupted() {
-                stopped = Some(Interrupted.into());
-                break;
-            }
-            seq += 1;
-            let result = if server.is_some() {
-                run.client_iteration(size, seq, i)
-            } else {
-                run.server_iteration(size, seq, i, i + 1 < total)
-                    .map(|()| Duration::ZERO)
+        let mut paired_line = None;
+        if let Some(floor) = floor {
+            let plan = Plan {
+                warmup: args.warmup,
+                iters: args.iters,
+                block: args.block,
+            };
+            let mut turns = Turns {
+                run: &mut run,
+                size,
+                seq: &mut seq,
+                done: 0,
+                total,
+                progress: &mut progress,
+            };
+            let result = match server {
+                Some(server) => paired::pinger(floor, local_ip, server, size).and_then(|mut f| {
+                    run_client(&mut turns, f.as_mut(), plan, &mut |rtt| {
+                        samples.record(rtt.as_nanos() as u64)
+                    })
+                    .map(|p| Some(PairedLine::new(floor, args.block, &p, one_way)))
+                }),
+                None => paired::echoer(floor, local_ip, args.connect.port, size)
+                    .and_then(|mut f| run_server(&mut turns, f.as_mut(), plan))
+                    .map(|()| None),
             };
             match result {
-                Ok(rtt) if i >= args.warmup && server.is_some() => {
-                    samples.record(rtt.as_nanos() as u64)
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    stopped = Some(e);
+                Ok(line) => paired_line = line,
+                Err(e) => stopped = Some(e),
+            }
+        } else {
+            for i in 0..total {
+                if session::interrupted() {
+                    stopped = Some(Interrupted.into());
                     break;
                 }
+                seq += 1;
+                let result = if server.is_some() {
+                    run.client_iteration(size, seq, i)
+                } else {
+                    run.server_iteration(size, seq, i, i + 1 < total)
+                        .map(|()| Duration::ZERO)
+                };
+                match result {
+                    Ok(rtt) if i >= args.warmup && server.is_some() => {
+                        samples.record(rtt.as_nanos() as u64)
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        stopped = Some(e);
+                        break;
+                    }
+                }
+                progress.tick(i + 1);
             }
-            progress.tick(i + 1);
         }
         if let Some(l) = samples.summary(one_way) {
-            report::latency_line(json, &op_name, engine, size, &l, args.verify);
+            report::latency_line(
+                json,
+                &op_name,
+                engine,
+                size,
+                &l,
+                args.verify,
+                paired_line.as_ref(),
+            );
         }
         if let Some(e) = stopped {
             if e.is::<Interrupted>() && server.is_some() {
@@ -264,6 +309,54 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
         }
     }
     run.finish()
+}
+
+/// One size's WRITE or SEND ping-pong of tbrdma, one round trip at a time, as the engine side
+/// of a `--paired-with` run (the floor's turns come in between).
+struct Turns<'r, 'a> {
+    run: &'r mut Run<'a>,
+    size: usize,
+    /// The run's message counter, which both sides advance once per round trip of tbrdma.
+    seq: &'r mut u64,
+    /// Round trips of this size so far, and in all (warm-up included).
+    done: u64,
+    total: u64,
+    progress: &'r mut Progress,
+}
+
+impl Turns<'_, '_> {
+    /// Starts the next round trip: its message number.
+    fn next(&mut self) -> anyhow::Result<u64> {
+        if session::interrupted() {
+            return Err(Interrupted.into());
+        }
+        *self.seq += 1;
+        Ok(*self.seq)
+    }
+
+    fn finished_one(&mut self) {
+        self.done += 1;
+        self.progress.tick(self.done);
+    }
+}
+
+impl Pinger for Turns<'_, '_> {
+    fn round_trip(&mut self, _warming: bool) -> anyhow::Result<Duration> {
+        let seq = self.next()?;
+        let rtt = self.run.client_iteration(self.size, seq, self.done)?;
+        self.finished_one();
+        Ok(rtt)
+    }
+}
+
+impl Echoer for Turns<'_, '_> {
+    fn echo(&mut self) -> anyhow::Result<()> {
+        let seq = self.next()?;
+        let more = self.done + 1 < self.total;
+        self.run.server_iteration(self.size, seq, self.done, more)?;
+        self.finished_one();
+        Ok(())
+    }
 }
 
 impl Run<'_> {

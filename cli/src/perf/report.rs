@@ -5,6 +5,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
+use crate::perf::paired::PairedLine;
 use crate::perf::stats::Latency;
 
 /// `println!` that ignores a closed stdout (`tbrdma pingpong … | head`).
@@ -46,10 +47,21 @@ struct LatencyJson<'a> {
     p99_us: f64,
     p999_us: f64,
     verified: bool,
+    /// `--paired-with`: the floor run beside tbrdma and tbrdma's ratios to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    paired: Option<&'a PairedLine>,
 }
 
-/// One size's latency line.
-pub fn latency_line(json: bool, op: &str, engine: &str, bytes: usize, l: &Latency, verified: bool) {
+/// One size's latency line (and, with `--paired-with`, a comment line under it).
+pub fn latency_line(
+    json: bool,
+    op: &str,
+    engine: &str,
+    bytes: usize,
+    l: &Latency,
+    verified: bool,
+    paired: Option<&PairedLine>,
+) {
     if json {
         let round = |v: f64| (v * 1000.0).round() / 1000.0;
         let line = LatencyJson {
@@ -65,6 +77,7 @@ pub fn latency_line(json: bool, op: &str, engine: &str, bytes: usize, l: &Latenc
             p99_us: round(l.p99),
             p999_us: round(l.p999),
             verified,
+            paired,
         };
         out(&serde_json::to_string(&line).expect("plain data serializes"));
     } else {
@@ -72,6 +85,9 @@ pub fn latency_line(json: bool, op: &str, engine: &str, bytes: usize, l: &Latenc
             " {:<7} {:<11} {:<14.2} {:<14.2} {:<16.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
             bytes, l.iters, l.min, l.max, l.typical, l.avg, l.stdev, l.p99, l.p999
         ));
+        if let Some(p) = paired {
+            out(&p.text());
+        }
     }
 }
 
