@@ -9,8 +9,8 @@
 #
 # Three steps. (1) An instrumented release build (-Cprofile-generate) in target/pgo/gen. (2) It
 # runs what users run, in a lab of two network namespaces joined by one veth cable (hence root),
-# taken down at the end: `tbrdma pingpong` (WRITE and SEND, packet and sockets engines, 8 B to
-# 64 KiB) and `tbrdma bw`; then, in labs of their own, collbench (`tbrdma allreduce` on two and
+# taken down at the end: `tbrdma pingpong --paired-with floor` (WRITE and SEND, packet and
+# sockets engines, 8 B to 64 KiB, each beside its floor) and `tbrdma bw`; then, in labs of their own, collbench (`tbrdma allreduce` on two and
 # four ranks with its baselines), linkbench (every engine with its floors) and pluginbench (the
 # plugin between two processes). (3) The
 # counts, merged by llvm-profdata, steer the real build (-Cprofile-use): which branches fall
@@ -63,7 +63,9 @@ pair() {
 }
 for engine in packet sockets; do
     for op in write send; do
-        pair pingpong --engine "$engine" --op "$op" -s 8 -s 4096 -s 16384 -s 65536 -n 3000
+        # (With its floor beside it, as users see the ratio: the floor's code is trained too.)
+        pair pingpong --engine "$engine" --op "$op" -s 8 -s 4096 -s 16384 -s 65536 -n 3000 \
+            --paired-with floor
     done
 done
 pair bw --op write --size 1048576 --duration 1
