@@ -135,11 +135,16 @@ pub fn run() -> anyhow::Result<()> {
             client,
         )?;
     }
-    for (op, title) in [
-        ("write", "bandwidth, 1 MiB RDMA WRITEs (like ib_write_bw)"),
+    for (op, title, paired) in [
+        (
+            "write",
+            "bandwidth, 1 MiB RDMA WRITEs (like ib_write_bw), against one TCP stream on the same cable",
+            &["--paired-with", "tcp"][..],
+        ),
         (
             "send",
             "bandwidth, 1 MiB SENDs, each checked through the CRC-32C the engine built from its datagrams",
+            &[][..],
         ),
     ] {
         let common = [
@@ -153,8 +158,10 @@ pub fn run() -> anyhow::Result<()> {
         ];
         let mut server = strings(&["bw", "--bind", &s0]);
         server.extend(strings(&common));
+        server.extend(strings(paired));
         let mut client = strings(&["bw", &s0, "--bind", &c0]);
         client.extend(strings(&common));
+        client.extend(strings(paired));
         run_pair(&name, title, server, client)?;
     }
     run_allreduce(&name)?;

@@ -324,6 +324,47 @@ fn pingpong_paired_with_its_floor_reports_its_ratios_block_by_block() {
     }
 }
 
+/// `bw --paired-with tcp`: one TCP stream between the same two processes over the same cable
+/// before and after tbrdma's run of each size; every line says what the streams made and
+/// tbrdma's ratio to them. `--bidir` is refused before anything connects.
+#[test]
+fn bw_paired_with_one_tcp_stream_reports_its_ratio() {
+    let Some((_serial, lab)) = lab("bw2") else {
+        return;
+    };
+    for op in ["write", "send"] {
+        let args = [
+            "--op",
+            op,
+            "--paired-with",
+            "tcp",
+            "--size",
+            "65536",
+            "--size",
+            "1048576",
+            "--duration",
+            "0.3",
+            "--verify",
+            "--json",
+        ];
+        let out = pair(&lab, "bw", &args);
+        let lines = json_lines(&out);
+        assert_eq!(lines.len(), 2, "{op}: {lines:?}");
+        for (line, size) in lines.iter().zip([65536, 1048576]) {
+            check_bandwidth(line, op, size, None);
+            let paired = &line["paired"];
+            assert_eq!(paired["baseline"], "tcp", "{line}");
+            for key in ["before_mib_s", "after_mib_s", "ratio"] {
+                let v = num(paired, key);
+                assert!(v.is_finite() && v > 0.0, "{key}: {line}");
+            }
+        }
+    }
+    let server_ip = lab.address(0, 1, 0).to_string();
+    let args = ["bw", &server_ip, "--paired-with", "tcp", "--bidir"];
+    one_line_failure(&client(&lab, &args), &["not with --bidir"]);
+}
+
 #[test]
 fn bw_streams_every_op_over_several_connections_and_both_directions() {
     let Some((_serial, lab)) = lab("bw") else {

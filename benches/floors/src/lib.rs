@@ -6,14 +6,18 @@
 //! - [`frames`]: raw Ethernet frames over `AF_PACKET`, received through the packet engine's own
 //!   ring, the floor of the packet engine.
 //!
+//! Bulk transfer has a baseline rather than a floor: one TCP stream ([`tcp`]), what `iperf3`
+//! measures.
+//!
 //! [`pairing`] runs a tbrdma ping-pong and its floor in turn, in blocks, in the same two
 //! processes, and judges each block of the engine against the floor blocks beside it.
 //!
-//! `linkbench` and `tbrdma pingpong --paired-with` both use this crate, so that the tool users
-//! run and the benchmark measure the same floors the same way.
+//! `linkbench`, `tbrdma pingpong --paired-with` and `tbrdma bw --paired-with` use this crate,
+//! so that the tools users run and the benchmark measure the same baselines the same way.
 
 pub mod frames;
 pub mod pairing;
+pub mod tcp;
 pub mod udp;
 
 use std::time::{Duration, Instant};

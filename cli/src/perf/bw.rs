@@ -24,9 +24,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use tbrdma_floors::tcp::{self, Streamed};
 use tbrdma_verbs::{Access, MemoryRegion, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
 
 use crate::perf::options::{BwArgs, BwOp};
+use crate::perf::paired::{self, StreamLine};
 use crate::perf::pattern;
 use crate::perf::report::{self, Bandwidth};
 use crate::perf::session::{
@@ -58,6 +60,7 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
     if args.duration.is_none() && args.iters == 0 {
         bail!("--iters must be at least 1");
     }
+    paired::check_bw_args(&args)?;
     let sizes = args.sizes.sizes(65536)?;
     session::raise_memlock();
     let server = match &args.connect.server {
@@ -65,6 +68,17 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
         None => None,
     };
     let dev = session::open_device(&args.connect, server, args.rails)?;
+    // `--paired-with tcp`: the server listens for the client's streams before the client can
+    // connect to tbrdma, so it is there for the first.
+    let stream_listener = match (args.paired_with, server) {
+        (Some(_), None) => Some(paired::stream_listener(dev.ip(), args.connect.port)?),
+        _ => None,
+    };
+    let stream_to = match (args.paired_with, server) {
+        (Some(_), Some(server)) => Some(paired::stream_addr(server)?),
+        _ => None,
+    };
+    let stream_for = paired::stream_duration(&args);
     let pd = dev.alloc_pd();
     let max = *sizes.iter().max().expect("at least one size");
     let qps = args.qps;
@@ -160,13 +174,30 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
         None => Limit::Messages(args.iters),
     };
     for &size in &sizes {
+        // `--paired-with tcp`: one TCP stream before tbrdma's run and one after, the client
+        // writing, the server reading.
+        let baseline = || -> anyhow::Result<Option<Streamed>> {
+            match (&stream_listener, stream_to) {
+                (Some(listener), _) => tcp::serve_stream(listener, size).map(|()| None),
+                (None, Some(to)) => tcp::stream(to, size, stream_for).map(Some),
+                (None, None) => Ok(None),
+            }
+        };
+        let before = baseline()?;
         let mut partial = None;
         let (result, stopped) = match run.phase(size, limit, &mut partial) {
             Ok(r) => (Some(r), None),
             Err(error) => (partial, Some(error)),
         };
+        let after = match stopped {
+            None => baseline()?,
+            Some(_) => None,
+        };
         if let (Some(r), true) = (result, server.is_some()) {
-            report::bandwidth_line(json, &op_name, engine, size, &r, args.verify);
+            let line = before
+                .zip(after)
+                .map(|(b, a)| StreamLine::new(&b, &a, r.avg_mib_s));
+            report::bandwidth_line(json, &op_name, engine, size, &r, args.verify, line.as_ref());
         }
         if let Some(e) = stopped {
             if e.is::<Interrupted>() && server.is_some() {

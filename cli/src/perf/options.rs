@@ -180,7 +180,9 @@ pub enum FloorArg {
 Examples:
   tbrdma bw                                  # on host A: serve one run
   tbrdma bw 10.0.0.1 --op write --size 65536 --duration 5
-  tbrdma bw 10.0.0.1 --op send --qps 4 --bidir --json")]
+  tbrdma bw 10.0.0.1 --op send --qps 4 --bidir --json
+  tbrdma bw --paired-with tcp              # on host A, then on host B:
+  tbrdma bw 10.0.0.1 --op write --size 1048576 --duration 2 --verify --paired-with tcp")]
 pub struct BwArgs {
     /// Operation to stream.
     #[arg(long, value_enum, default_value_t = BwOp::Write)]
@@ -209,8 +211,22 @@ pub struct BwArgs {
     /// Check every SEND's payload, and each WRITE or READ region at the end of a size.
     #[arg(long)]
     pub verify: bool,
+    /// Also runs a baseline between the same two processes over the same cable, before and
+    /// after tbrdma's run of each size, and reports tbrdma's average over the baseline's.
+    /// `tcp`: one TCP stream writing blocks of the size (what iperf3 measures), for
+    /// `--duration` seconds (1 without it) each time. WRITE and SEND in one direction only (not
+    /// with --bidir); give it to both sides. The server's stream listens on --port + 1.
+    #[arg(long = "paired-with", value_enum, value_name = "BASELINE")]
+    pub paired_with: Option<StreamBaselineArg>,
     #[command(flatten)]
     pub connect: ConnectArgs,
+}
+
+/// `--paired-with` of `bw`: which baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StreamBaselineArg {
+    /// One TCP stream, blocking writes, the reader counting.
+    Tcp,
 }
 
 /// What both sides of a run must agree on, by option name (as the user types it).
@@ -248,6 +264,10 @@ impl BwArgs {
         m.insert("--qps".into(), self.qps.to_string());
         m.insert("--bidir".into(), self.bidir.to_string());
         m.insert("--verify".into(), self.verify.to_string());
+        let paired = self
+            .paired_with
+            .map_or("none".into(), |b| format!("{b:?}").to_lowercase());
+        m.insert("--paired-with".into(), paired);
         m
     }
 }

@@ -1,5 +1,7 @@
-//! `tbrdma pingpong --paired-with`: the floor that runs beside tbrdma's ping-pong, in the same
-//! two processes over the same cable, and what the run says of it.
+//! `--paired-with`: the baseline that runs beside tbrdma in the same two processes over the same
+//! cable, and what the run says of it: for `tbrdma pingpong` the floor of its engine, in turn
+//! with tbrdma's ping-pong block by block; for `tbrdma bw` one TCP stream, before and after
+//! tbrdma's run of each size.
 //!
 //! The floors and the schedule are `linkbench`'s own ([`tbrdma_floors`]), so that the ratio a
 //! user sees on a cable is the one the benchmark judges (issue 16). The server's floor listens
@@ -9,16 +11,18 @@
 //! trip: the raw-frame floor's first frame may also find the neighbour table empty and be
 //! resent, which only a warm-up may do).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde::Serialize;
 use tbrdma_floors::frames::{FrameEchoer, FramePinger};
 use tbrdma_floors::pairing::{Echoer, Paired, Pinger};
+use tbrdma_floors::tcp::Streamed;
 use tbrdma_floors::udp::{UdpEchoer, UdpPinger};
 use tbrdma_verbs::EngineKind;
 
-use crate::perf::options::{FloorArg, LatOp, PingpongArgs};
+use crate::perf::options::{BwArgs, BwOp, FloorArg, LatOp, PingpongArgs};
 
 /// A floor's kind, once `floor` is resolved against the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +74,78 @@ pub fn check_args(args: &PingpongArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The port of the server's floor: the run's, one up.
+/// Refuses `bw --paired-with` where it cannot run, before anything connects.
+pub fn check_bw_args(args: &BwArgs) -> anyhow::Result<()> {
+    if args.paired_with.is_none() {
+        return Ok(());
+    }
+    if !matches!(args.op, BwOp::Write | BwOp::Send) {
+        bail!(
+            "--paired-with pairs WRITE and SEND streams, not --op {:?}",
+            args.op
+        );
+    }
+    if args.bidir {
+        bail!("--paired-with runs one TCP stream, one way: not with --bidir");
+    }
+    floor_port(args.connect.port)?;
+    Ok(())
+}
+
+/// How long each TCP stream of `bw --paired-with tcp` lasts: `--duration`, or a second.
+pub fn stream_duration(args: &BwArgs) -> Duration {
+    Duration::from_secs_f64(args.duration.unwrap_or(1.0).max(0.001))
+}
+
+/// The server's TCP listener for `bw --paired-with tcp`, on `ip` (its link's address), bound
+/// before the client can connect to tbrdma (so it is there for the client's first stream).
+pub fn stream_listener(ip: IpAddr, port: u16) -> anyhow::Result<TcpListener> {
+    let addr = SocketAddr::new(ip, floor_port(port)?);
+    TcpListener::bind(addr).with_context(|| format!("binding the TCP stream's listener on {addr}"))
+}
+
+/// Where the client's TCP streams go: the server's address, its port one up.
+pub fn stream_addr(server: SocketAddr) -> anyhow::Result<SocketAddr> {
+    Ok(SocketAddr::new(server.ip(), floor_port(server.port())?))
+}
+
+/// What a size's `bw --paired-with tcp` says of its TCP streams.
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamLine {
+    /// The baseline (`tcp`).
+    pub baseline: &'static str,
+    /// The stream before tbrdma's run, MiB/s.
+    pub before_mib_s: f64,
+    /// The stream after it, MiB/s.
+    pub after_mib_s: f64,
+    /// tbrdma's average over the geometric mean of the two.
+    pub ratio: f64,
+}
+
+impl StreamLine {
+    /// The line of tbrdma's average `tbrdma_mib_s` between streams `before` and `after`.
+    pub fn new(before: &Streamed, after: &Streamed, tbrdma_mib_s: f64) -> StreamLine {
+        let round = |v: f64| (v * 1000.0).round() / 1000.0;
+        let (b, a) = (before.mib_per_s(), after.mib_per_s());
+        StreamLine {
+            baseline: "tcp",
+            before_mib_s: round(b),
+            after_mib_s: round(a),
+            ratio: round(tbrdma_mib_s / (b * a).sqrt()),
+        }
+    }
+
+    /// The comment line under the size's row of the table.
+    pub fn text(&self) -> String {
+        format!(
+            "# paired with one TCP stream, before and after: {:.2} and {:.2} MiB/s; tbrdma's \
+             average / their geometric mean {:.2}",
+            self.before_mib_s, self.after_mib_s, self.ratio
+        )
+    }
+}
+
+/// The port of the server's floor or stream: the run's, one up.
 fn floor_port(port: u16) -> anyhow::Result<u16> {
     match port.checked_add(1) {
         Some(p) if port != 0 => Ok(p),

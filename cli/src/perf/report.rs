@@ -5,7 +5,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use crate::perf::paired::PairedLine;
+use crate::perf::paired::{PairedLine, StreamLine};
 use crate::perf::stats::Latency;
 
 /// `println!` that ignores a closed stdout (`tbrdma pingpong … | head`).
@@ -124,9 +124,12 @@ struct BandwidthJson<'a> {
     bw_avg_mib_s: f64,
     msg_rate_mpps: f64,
     verified: bool,
+    /// `--paired-with`: the baseline run before and after tbrdma and tbrdma's ratio to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    paired: Option<&'a StreamLine>,
 }
 
-/// One size's bandwidth line.
+/// One size's bandwidth line (and, with `--paired-with`, a comment line under it).
 pub fn bandwidth_line(
     json: bool,
     op: &str,
@@ -134,6 +137,7 @@ pub fn bandwidth_line(
     bytes: usize,
     b: &Bandwidth,
     verified: bool,
+    paired: Option<&StreamLine>,
 ) {
     if json {
         let round = |v: f64| (v * 1000.0).round() / 1000.0;
@@ -146,6 +150,7 @@ pub fn bandwidth_line(
             bw_avg_mib_s: round(b.avg_mib_s),
             msg_rate_mpps: (b.msg_rate_mpps * 1e6).round() / 1e6,
             verified,
+            paired,
         };
         out(&serde_json::to_string(&line).expect("plain data serializes"));
     } else {
@@ -153,5 +158,8 @@ pub fn bandwidth_line(
             " {:<10} {:<14} {:<19.2} {:<21.2} {:.6}",
             bytes, b.iters, b.peak_mib_s, b.avg_mib_s, b.msg_rate_mpps
         ));
+        if let Some(p) = paired {
+            out(&p.text());
+        }
     }
 }

@@ -3,17 +3,18 @@
 //! - The floors alone, one case each: the UDP floor ([`tbrdma_floors::udp`]) and the raw-frame
 //!   floor ([`tbrdma_floors::frames`]).
 //! - TCP ping-pong: blocking sockets with `TCP_NODELAY`, as most applications use TCP.
-//! - TCP stream: one connection, blocking writes of 1 MiB, the reader reading.
+//! - TCP stream: one connection, blocking writes of 1 MiB, the reader reading
+//!   ([`tbrdma_floors::tcp`]).
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tbrdma_floors::STALL;
 use tbrdma_floors::frames::{FrameEchoer, FramePinger};
 use tbrdma_floors::pairing::{Pinger, run_alone, serve_alone};
 use tbrdma_floors::udp::{UdpEchoer, UdpPinger};
+use tbrdma_floors::{STALL, tcp};
 
 use crate::child::{ChildArgs, Measured, RoundTrips, ready};
 
@@ -100,35 +101,16 @@ pub fn tcp_client(args: &ChildArgs) -> anyhow::Result<Measured> {
 
 /// Reads until the client closes, then answers with the byte count.
 pub fn stream_server(args: &ChildArgs) -> anyhow::Result<()> {
-    let mut stream = accept_one(args)?;
-    let mut buf = vec![0u8; args.case.size];
-    let mut total = 0u64;
-    loop {
-        match stream.read(&mut buf).context("reading the stream")? {
-            0 => break,
-            n => total += n as u64,
-        }
-    }
-    stream.write_all(&total.to_le_bytes())?;
-    Ok(())
+    let listener = TcpListener::bind(args.server_addr).context("binding the TCP listener")?;
+    ready();
+    tcp::serve_stream(&listener, args.case.size)
 }
 
 /// Writes blocks for the case's duration; the time runs until the reader confirms the bytes.
 pub fn stream_client(args: &ChildArgs) -> anyhow::Result<Measured> {
-    let mut stream = connect(args)?;
-    stream.set_read_timeout(Some(STALL))?;
-    let block = vec![0xa5u8; args.case.size];
-    let start = Instant::now();
-    while start.elapsed() < args.duration {
-        stream.write_all(&block)?;
-    }
-    stream.shutdown(Shutdown::Write)?;
-    let mut count = [0u8; 8];
-    stream
-        .read_exact(&mut count)
-        .context("reading the byte count")?;
+    let streamed = tcp::stream(args.server_addr, args.case.size, args.duration)?;
     Ok(Measured::Bandwidth {
-        bytes: u64::from_le_bytes(count),
-        elapsed: start.elapsed(),
+        bytes: streamed.bytes,
+        elapsed: streamed.elapsed,
     })
 }
