@@ -51,8 +51,8 @@ impl Floor {
     }
 }
 
-/// Refuses `--paired-with` where it cannot run, before anything connects.
-pub fn check_args(args: &PingpongArgs) -> anyhow::Result<()> {
+/// Refuses `pingpong --paired-with` where it cannot run, before anything connects.
+pub fn check_pingpong_args(args: &PingpongArgs) -> anyhow::Result<()> {
     if args.paired_with.is_none() {
         return Ok(());
     }

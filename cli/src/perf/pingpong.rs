@@ -130,7 +130,7 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
     if args.iters == 0 {
         bail!("--iters must be at least 1");
     }
-    paired::check_args(&args)?;
+    paired::check_pingpong_args(&args)?;
     session::raise_memlock();
     let server = match &args.connect.server {
         Some(s) => Some(session::server_addr(s, args.connect.port)?),
