@@ -28,8 +28,9 @@ impl Streamed {
 }
 
 /// The reader's side: accepts one connection on `listener` (within [`STALL`]), reads it to its
-/// end in blocks of `block` bytes, then answers with the byte count.
-pub fn serve_stream(listener: &TcpListener, block: usize) -> anyhow::Result<()> {
+/// end in blocks of `block` bytes, then answers with the byte count. A writer that sends for
+/// longer than `lasting` (plus [`STALL`]) fails the stream rather than holding the reader.
+pub fn serve_stream(listener: &TcpListener, block: usize, lasting: Duration) -> anyhow::Result<()> {
     listener.set_nonblocking(true)?;
     let since = Instant::now();
     let mut stream = loop {
@@ -46,12 +47,16 @@ pub fn serve_stream(listener: &TcpListener, block: usize) -> anyhow::Result<()> 
     };
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(STALL))?;
+    let until = Instant::now() + lasting + STALL;
     let mut buf = vec![0u8; block.max(1)];
     let mut total = 0u64;
     loop {
         match stream.read(&mut buf).context("reading the TCP stream")? {
             0 => break,
             n => total += n as u64,
+        }
+        if Instant::now() > until {
+            bail!("the TCP stream went on past {lasting:?}");
         }
     }
     stream.write_all(&total.to_le_bytes())?;

@@ -178,7 +178,7 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
         // writing, the server reading.
         let baseline = || -> anyhow::Result<Option<Streamed>> {
             match (&stream_listener, stream_to) {
-                (Some(listener), _) => tcp::serve_stream(listener, size).map(|()| None),
+                (Some(listener), _) => tcp::serve_stream(listener, size, stream_for).map(|()| None),
                 (None, Some(to)) => tcp::stream(to, size, stream_for).map(Some),
                 (None, None) => Ok(None),
             }

@@ -103,7 +103,7 @@ pub fn tcp_client(args: &ChildArgs) -> anyhow::Result<Measured> {
 pub fn stream_server(args: &ChildArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.server_addr).context("binding the TCP listener")?;
     ready();
-    tcp::serve_stream(&listener, args.case.size)
+    tcp::serve_stream(&listener, args.case.size, args.duration)
 }
 
 /// Writes blocks for the case's duration; the time runs until the reader confirms the bytes.
