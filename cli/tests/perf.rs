@@ -58,7 +58,13 @@ struct Server {
 
 impl Server {
     fn start(lab: &Lab, args: &[&str]) -> Server {
+        Server::start_with(lab, args, &[])
+    }
+
+    /// [`Server::start`] with environment variables set for the server.
+    fn start_with(lab: &Lab, args: &[&str], envs: &[(&str, &str)]) -> Server {
         let mut child = in_rank(lab, 0, args)
+            .envs(envs.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -114,14 +120,22 @@ fn text(bytes: &[u8]) -> String {
 
 /// Runs one server/client pair of `tool` with the same `args`; returns the client's output.
 fn pair(lab: &Lab, tool: &str, args: &[&str]) -> Output {
+    pair_with(lab, tool, args, &[])
+}
+
+/// [`pair`] with environment variables set for both sides.
+fn pair_with(lab: &Lab, tool: &str, args: &[&str], envs: &[(&str, &str)]) -> Output {
     let port = port();
     let server_ip = lab.address(0, 1, 0).to_string();
     let mut server_args = vec![tool, "--port", &port];
     server_args.extend_from_slice(args);
-    let server = Server::start(lab, &server_args);
+    let server = Server::start_with(lab, &server_args, envs);
     let mut client_args = vec![tool, &server_ip, "--port", &port];
     client_args.extend_from_slice(args);
-    let out = client(lab, &client_args);
+    let out = in_rank(lab, 1, &client_args)
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run the client");
     let (ok, s_out, s_err) = server.finish();
     assert!(
         out.status.success(),
@@ -363,6 +377,30 @@ fn bw_paired_with_one_tcp_stream_reports_its_ratio() {
     let server_ip = lab.address(0, 1, 0).to_string();
     let args = ["bw", &server_ip, "--paired-with", "tcp", "--bidir"];
     one_line_failure(&client(&lab, &args), &["not with --bidir"]);
+}
+
+/// `pingpong --op write` sends payload and counter as one WRITE at every size and learns of
+/// the peer's by polling the counter, its last word; over a cable whose receivers hold back a
+/// third of the datagrams (`TBRDMA_FAULTS`, both sides), `--verify` checks every byte of every
+/// message the moment its counter shows, at sizes of one, two and four datagrams.
+#[test]
+fn pingpong_write_verifies_every_byte_over_a_reordering_cable() {
+    let Some((_serial, lab)) = lab("ppr") else {
+        return;
+    };
+    for engine in ["sockets", "packet"] {
+        let args = [
+            "--op", "write", "--engine", engine, "--size", "16384", "--size", "65536", "--size",
+            "200000", "--iters", "150", "--warmup", "5", "--verify", "--json",
+        ];
+        let faults = [("TBRDMA_FAULTS", "reorder=35%,reorder_by=300us,seed=3")];
+        let out = pair_with(&lab, "pingpong", &args, &faults);
+        let lines = json_lines(&out);
+        assert_eq!(lines.len(), 3, "{engine}: {lines:?}");
+        for (line, size) in lines.iter().zip([16384, 65536, 200000]) {
+            check_latency(line, "write", size, 150);
+        }
+    }
 }
 
 #[test]
