@@ -72,8 +72,8 @@ pub struct Stretch {
 
 /// The order both processes follow: `plan.warmup` round trips of the engine, then of the
 /// floor, then floor and engine blocks of `plan.block` round trips in turn (the last engine
-/// block takes what is left of `plan.iters`), a floor block first and last. Both sides compute it from the same
-/// arguments, so no message ever says where they are.
+/// block takes what is left of `plan.iters`), a floor block first and last. Both sides compute
+/// it from the same arguments, so no message ever says where they are.
 pub fn schedule(plan: Plan) -> Vec<Stretch> {
     let Plan {
         warmup,

@@ -70,13 +70,13 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
     let dev = session::open_device(&args.connect, server, args.rails)?;
     // `--paired-with tcp`: the server listens for the client's streams before the client can
     // connect to tbrdma, so it is there for the first.
-    let stream_listener = match (args.paired_with, server) {
-        (Some(_), None) => Some(paired::stream_listener(dev.ip(), args.connect.port)?),
-        _ => None,
-    };
-    let stream_to = match (args.paired_with, server) {
-        (Some(_), Some(server)) => Some(paired::stream_addr(server)?),
-        _ => None,
+    let (stream_listener, stream_to) = match (args.paired_with, server) {
+        (None, _) => (None, None),
+        (Some(_), None) => (
+            Some(paired::stream_listener(dev.ip(), args.connect.port)?),
+            None,
+        ),
+        (Some(_), Some(server)) => (None, Some(paired::stream_addr(server)?)),
     };
     let stream_for = paired::stream_duration(&args);
     let pd = dev.alloc_pd();

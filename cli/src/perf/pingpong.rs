@@ -37,7 +37,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use tbrdma_floors::pairing::{Echoer, Pinger, Plan, run_client, run_server};
+use tbrdma_floors::pairing::{
+    Echoer, Pinger, Plan, run_alone, run_client, run_server, serve_alone,
+};
 use tbrdma_verbs::{
     Access, MemoryRegion, Progress as EngineProgress, RecvWr, SendOp, SendWr, WcOpcode,
     WorkCompletion,
@@ -231,63 +233,35 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
         let total = args.warmup + args.iters;
         let mut samples = Samples::with_capacity(args.iters as usize);
         let mut progress = Progress::new(size, total);
-        let mut stopped = None;
-        let mut paired_line = None;
-        if let Some(floor) = floor {
-            let plan = Plan {
-                warmup: args.warmup,
-                iters: args.iters,
-                block: args.block,
-            };
-            let mut turns = Turns {
-                run: &mut run,
-                size,
-                seq: &mut seq,
-                done: 0,
-                total,
-                progress: &mut progress,
-            };
-            let result = match server {
-                Some(server) => paired::pinger(floor, local_ip, server, size).and_then(|mut f| {
-                    run_client(&mut turns, f.as_mut(), plan, &mut |rtt| {
-                        samples.record(rtt.as_nanos() as u64)
-                    })
-                    .map(|p| Some(PairedLine::new(floor, args.block, &p, one_way)))
-                }),
-                None => paired::echoer(floor, local_ip, args.connect.port, size)
-                    .and_then(|mut f| run_server(&mut turns, f.as_mut(), plan))
-                    .map(|()| None),
-            };
-            match result {
-                Ok(line) => paired_line = line,
-                Err(e) => stopped = Some(e),
-            }
-        } else {
-            for i in 0..total {
-                if session::interrupted() {
-                    stopped = Some(Interrupted.into());
-                    break;
-                }
-                seq += 1;
-                let result = if server.is_some() {
-                    run.client_iteration(size, seq, i)
-                } else {
-                    run.server_iteration(size, seq, i, i + 1 < total)
-                        .map(|()| Duration::ZERO)
-                };
-                match result {
-                    Ok(rtt) if i >= args.warmup && server.is_some() => {
-                        samples.record(rtt.as_nanos() as u64)
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        stopped = Some(e);
-                        break;
-                    }
-                }
-                progress.tick(i + 1);
-            }
-        }
+        let plan = Plan {
+            warmup: args.warmup,
+            iters: args.iters,
+            block: args.block,
+        };
+        let mut turns = Turns {
+            run: &mut run,
+            size,
+            seq: &mut seq,
+            done: 0,
+            total,
+            progress: &mut progress,
+        };
+        let mut record = |rtt: Duration| samples.record(rtt.as_nanos() as u64);
+        // Alone, or in turn with the floor (`--paired-with`); only the client measures.
+        let result = match (server, floor) {
+            (Some(_), None) => run_alone(&mut turns, plan, &mut record).map(|()| None),
+            (None, None) => serve_alone(&mut turns, plan).map(|()| None),
+            (Some(server), Some(floor)) => paired::pinger(floor, local_ip, server, size)
+                .and_then(|mut f| run_client(&mut turns, f.as_mut(), plan, &mut record))
+                .map(|p| Some(PairedLine::new(floor, args.block, &p, one_way))),
+            (None, Some(floor)) => paired::echoer(floor, local_ip, args.connect.port, size)
+                .and_then(|mut f| run_server(&mut turns, f.as_mut(), plan))
+                .map(|()| None),
+        };
+        let (paired_line, stopped) = match result {
+            Ok(line) => (line, None),
+            Err(e) => (None, Some(e)),
+        };
         if let Some(l) = samples.summary(one_way) {
             report::latency_line(
                 json,
@@ -311,8 +285,8 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
     run.finish()
 }
 
-/// One size's WRITE or SEND ping-pong of tbrdma, one round trip at a time, as the engine side
-/// of a `--paired-with` run (the floor's turns come in between).
+/// One size's ping-pong of tbrdma, one round trip at a time, driven alone or, with
+/// `--paired-with`, in turn with the floor's (the schedule is `tbrdma_floors::pairing`'s).
 struct Turns<'r, 'a> {
     run: &'r mut Run<'a>,
     size: usize,

@@ -2,9 +2,10 @@
 //! taken. It dispatches control packets (ACK, NAK, keep-alive) to the outgoing stream and the
 //! acknowledgement policy, and accepts sequenced packets in order: duplicates are dropped,
 //! packets of the message that holds the next expected PSN are taken in any order (tracked
-//! per packet) except its last, which waits for the others, packets of later messages are
-//! stashed until their turn (or dropped and NAKed when the stash is full). It owns the next expected PSN, the message in progress, the stash,
-//! what an ACK reports (selective blocks) and sequence-error NAKs.
+//! per packet) except its last, which waits for the others; packets of later messages are
+//! stashed until their turn (or dropped and NAKed when the stash is full). It owns the next
+//! expected PSN, the message in progress, the stash, what an ACK reports (selective blocks) and
+//! sequence-error NAKs.
 //!
 //! What an accepted packet *does* (placement, execution, completions, refusals) is the
 //! responder's (`responder.rs`); when to acknowledge is the acknowledgement policy's (`ack.rs`).
@@ -446,8 +447,7 @@ impl Connection {
             return;
         }
         let segment = packet.ext.segment().copied();
-        if !self.belongs(psn, segment.as_ref()) || self.last_before_the_rest(psn, segment.as_ref())
-        {
+        if !self.turn_of(psn, segment.as_ref()) {
             if self.rx.stash(psn, segment, arrival.datagram, arrival.tail) {
                 self.stats.out_of_order_stashed += 1;
                 // SACK what is held, so the sender resends only the gap.
@@ -481,6 +481,12 @@ impl Connection {
         }
     }
 
+    /// Whether a packet at `psn` may be taken now: it belongs to the message in progress (or the
+    /// next) and is not that message's last come before the rest. Otherwise it is stashed.
+    fn turn_of(&self, psn: Psn, segment: Option<&Segment>) -> bool {
+        self.belongs(psn, segment) && !self.last_before_the_rest(psn, segment)
+    }
+
     /// Whether a packet at `psn` is the last of a message of several, come before all the
     /// others are placed. It waits in the stash until they are, so that the last bytes of a
     /// message are placed last: a reader polling a flag in a WRITE's last word (as `ib_write_lat`
@@ -504,9 +510,12 @@ impl Connection {
                 self.rx.spare.push(buf);
                 continue;
             }
-            let Some(index) = self.rx.stash.iter().position(|(p, seg, _)| {
-                self.belongs(*p, seg.as_ref()) && !self.last_before_the_rest(*p, seg.as_ref())
-            }) else {
+            let Some(index) = self
+                .rx
+                .stash
+                .iter()
+                .position(|(p, seg, _)| self.turn_of(*p, seg.as_ref()))
+            else {
                 return;
             };
             let (_, _, bytes) = self.rx.stash.remove(index);
