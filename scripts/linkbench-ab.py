@@ -11,7 +11,8 @@ Runs linkbench's own client and server children (`linkbench --child ...`, the pr
 CPU 1 and client on CPU 0, taken down at the end. Every round runs every case once per build,
 the builds' order reversed every other round, so that the host's drift (on the 2-vCPU VMs it
 moves whole runs by up to 2x) hits all of them alike. Prints, per case and build, the median of
-the rounds' round-trip p50 and mean, and the median of the per-round ratios to the first build.
+the rounds' round-trip p50 and mean, the median of the per-round ratios to the first build, and
+for an engine case the median of its paired ratios to its own floor (linkbench's PAIRED line).
 The lab is made with $TBRDMA (default: this tree's target/release/tbrdma). Cases are linkbench's names: write-sockets, send-packet, udp-busy, frame-busy, ... A floor case
 run under both builds is a control: its ratio shows what the host itself resolves.
 """
@@ -34,12 +35,15 @@ def lab_address(netns):
 
 
 def run_case(binary, lab, case, size, iters):
-    """One round trip measurement; returns (p50, mean) in microseconds, or None."""
+    """One round trip measurement; returns (p50, mean, paired) in microseconds, or None.
+
+    `paired` is the engine's p50 over its floor's, block by block (linkbench's PAIRED line), or
+    None for a floor case."""
     server_ns, client_ns = f"tbl-{lab}-r0", f"tbl-{lab}-r1"
     server_ip, client_ip = lab_address(server_ns), lab_address(client_ns)
     port = random.randint(20000, 29999)
     common = [f"case={case}", f"size={size}", f"server={server_ip}:{port}",
-              "warmup=1000", f"iters={iters}", "seconds=2"]
+              "warmup=1000", f"iters={iters}", "seconds=2", "block=500"]
     server = subprocess.Popen(
         [binary, "--child", f"netns={server_ns}", "role=server", f"ip={server_ip}", "cpu=1"]
         + common,
@@ -51,7 +55,11 @@ def run_case(binary, lab, case, size, iters):
         capture_output=True, text=True)
     server.wait(timeout=60)
     m = re.search(r"p50=(\d+).*mean=(\d+)", client.stdout)
-    return (int(m.group(1)) / 1000, int(m.group(2)) / 1000) if m else None
+    if not m:
+        return None
+    paired = re.search(r"ratio_p50=([0-9.]+)", client.stdout)
+    return (int(m.group(1)) / 1000, int(m.group(2)) / 1000,
+            float(paired.group(1)) if paired else None)
 
 
 def main():
@@ -86,9 +94,13 @@ def main():
             p50 = [v[0] for v in got.values()]
             mean = [v[1] for v in got.values()]
             ratios = [got[r][0] / base[r][0] for r in got if r in base]
+            paired = [v[2] for v in got.values() if v[2] is not None]
+            to_floor = (f", over its floor {statistics.median(paired):.3f}"
+                        f" ({' '.join(f'{x:.2f}' for x in paired)})" if paired else "")
             print(f"{case:14} {size:>6} {b}: p50 {statistics.median(p50):6.2f} µs, "
                   f"mean {statistics.median(mean):6.2f} µs, ratio to the first "
-                  f"{statistics.median(ratios):.3f} (p50s {' '.join(f'{x:.1f}' for x in p50)})")
+                  f"{statistics.median(ratios):.3f} (p50s {' '.join(f'{x:.1f}' for x in p50)})"
+                  f"{to_floor}")
 
 
 if __name__ == "__main__":
