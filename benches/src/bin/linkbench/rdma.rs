@@ -3,6 +3,9 @@
 //!
 //! - SEND ping-pong: receives are pre-posted on both sides; the client SENDs, spins until the
 //!   echo's receive completes and reposts that receive; the server does the same and echoes.
+//!   Each side reposts after it answered (the client: after the round trip's clock stopped),
+//!   as `tbrdma pingpong --op send` does: 15 more receives stay posted meanwhile, so the repost
+//!   is not on the round trip's path.
 //! - WRITE ping-pong (perftest `ib_write_lat`): each side WRITEs into the other's region and
 //!   spins on the last 8 bytes of its own region, which carry the iteration number. It lends
 //!   that region to the engine first (`QueuePair::expect_write`: the sockets engine receives
@@ -194,14 +197,12 @@ fn post_recv_slot(qp: &QueuePair, rx: &MemoryRegion, slot: u64, size: usize) -> 
     .context("posting a receive")
 }
 
-/// Spins until one receive completes; reposts it. Returns its length.
+/// Spins until one receive completes. Returns its slot (its `wr_id`, for the caller to repost)
+/// and its length.
 fn await_receive(
-    qp: &QueuePair,
     cq: &CompletionQueue,
-    rx: &MemoryRegion,
-    size: usize,
     sends_outstanding: &mut u64,
-) -> anyhow::Result<usize> {
+) -> anyhow::Result<(u64, usize)> {
     let mut buf = [Completion::default(); 16];
     let since = Instant::now();
     let mut received = None;
@@ -210,8 +211,7 @@ fn await_receive(
         let n = poll(cq, &mut buf)?;
         for c in &buf[..n] {
             if is_receive(c.wc.opcode) {
-                post_recv_slot(qp, rx, c.wc.wr_id, size)?;
-                received = Some(c.wc.byte_len as usize);
+                received = Some((c.wc.wr_id, c.wc.byte_len as usize));
             } else {
                 *sends_outstanding -= 1;
             }
@@ -301,8 +301,14 @@ impl SendSide {
         Ok(())
     }
 
-    fn receive(&mut self) -> anyhow::Result<usize> {
-        await_receive(&self.qp, &self.cq, &self.rx, self.size, &mut self.sends)
+    /// Waits for the next message; returns its slot and length.
+    fn receive(&mut self) -> anyhow::Result<(u64, usize)> {
+        await_receive(&self.cq, &mut self.sends)
+    }
+
+    /// Posts receive slot `slot` again.
+    fn repost(&self, slot: u64) -> anyhow::Result<()> {
+        post_recv_slot(&self.qp, &self.rx, slot, self.size)
     }
 }
 
@@ -311,17 +317,19 @@ impl Pinger for SendSide {
     fn round_trip(&mut self, _warming: bool) -> anyhow::Result<Duration> {
         let start = Instant::now();
         self.send(self.size)?;
-        let len = self.receive()?;
+        let (slot, len) = self.receive()?;
         let rtt = start.elapsed();
         ensure!(len == self.size, "echo of {len} bytes for {}", self.size);
+        self.repost(slot)?;
         Ok(rtt)
     }
 }
 
 impl Echoer for SendSide {
     fn echo(&mut self) -> anyhow::Result<()> {
-        let len = self.receive()?;
-        self.send(len)
+        let (slot, len) = self.receive()?;
+        self.send(len)?;
+        self.repost(slot)
     }
 }
 
