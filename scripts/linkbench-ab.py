@@ -35,10 +35,9 @@ def lab_address(netns):
 
 
 def run_case(binary, lab, case, size, iters):
-    """One round trip measurement; returns (p50, mean, paired) in microseconds, or None.
-
-    `paired` is the engine's p50 over its floor's, block by block (linkbench's PAIRED line), or
-    None for a floor case."""
+    """One round trip measurement; returns (p50, mean, paired), or None: p50 and mean in
+    microseconds, `paired` the engine's p50 over its floor's, block by block (a ratio, from
+    linkbench's PAIRED line), or None for a floor case."""
     server_ns, client_ns = f"tbl-{lab}-r0", f"tbl-{lab}-r1"
     server_ip, client_ip = lab_address(server_ns), lab_address(client_ns)
     port = random.randint(20000, 29999)
