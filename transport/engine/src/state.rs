@@ -379,6 +379,11 @@ impl State {
         self.landing.as_ref().is_some_and(|l| l.qpn == qpn)
     }
 
+    /// Whether any queue pair has a landing zone lent.
+    pub(crate) fn lends_any(&self) -> bool {
+        self.landing.is_some()
+    }
+
     /// Closes queue pair `qpn` (the slot goes once its CLOSE is out) and takes back any
     /// landing zone it lent.
     pub(crate) fn close(&mut self, qpn: u32, now: Time) {
