@@ -5,6 +5,10 @@
 //! - [`Reader`] is a cursor over received bytes: every read returns `None` past the end, so a
 //!   decoder built on it cannot panic or read out of bounds whatever a peer sends. [`u16_at`],
 //!   [`u32_at`] and [`u64_at`] are the same check for a field at a fixed offset.
+//! - [`u16_in`], [`u32_in`], [`u64_in`] and [`put_in`] read and write a field at a constant
+//!   offset of a fixed-size array (a header whose length was checked once): whether the field
+//!   fits is checked when the code is compiled, so the per-message headers cost no check per
+//!   field.
 //! - [`Put`] writes integers, bytes and socket addresses, either appended to a `Vec<u8>` or into
 //!   a caller-sized slice through [`SliceWriter`]. Writing past a slice's end is a programming
 //!   error (the caller sized the slice for the frame), never a reaction to input: it panics.
@@ -94,6 +98,48 @@ pub fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
 /// The little-endian u64 at byte `at` of `bytes`, if all of it is there.
 pub fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
     Reader::new(bytes.get(at..)?).u64()
+}
+
+/// The little-endian u16 at byte `AT` of the fixed-size header `bytes`. Whether it fits is
+/// checked when the code is compiled, so a decoder that checked the header's length once reads
+/// its fields with no further checks (a header's fields are at fixed offsets).
+pub fn u16_in<const AT: usize, const N: usize>(bytes: &[u8; N]) -> u16 {
+    u16::from_le_bytes(field::<AT, 2, N>(bytes))
+}
+
+/// The little-endian u32 at byte `AT` of `bytes` (see [`u16_in`]).
+pub fn u32_in<const AT: usize, const N: usize>(bytes: &[u8; N]) -> u32 {
+    u32::from_le_bytes(field::<AT, 4, N>(bytes))
+}
+
+/// The little-endian u64 at byte `AT` of `bytes` (see [`u16_in`]).
+pub fn u64_in<const AT: usize, const N: usize>(bytes: &[u8; N]) -> u64 {
+    u64::from_le_bytes(field::<AT, 8, N>(bytes))
+}
+
+/// Writes `value` at byte `AT` of the fixed-size header `bytes`, checked when compiled (see
+/// [`u16_in`]): an encoder that builds a header in an array pays for no bounds checks.
+pub fn put_in<const AT: usize, const W: usize, const N: usize>(
+    bytes: &mut [u8; N],
+    value: [u8; W],
+) {
+    const { assert!(AT + W <= N, "field past the end of its header") };
+    let mut i = 0;
+    while i < W {
+        bytes[AT + i] = value[i];
+        i += 1;
+    }
+}
+
+fn field<const AT: usize, const W: usize, const N: usize>(bytes: &[u8; N]) -> [u8; W] {
+    const { assert!(AT + W <= N, "field past the end of its header") };
+    let mut out = [0u8; W];
+    let mut i = 0;
+    while i < W {
+        out[i] = bytes[AT + i];
+        i += 1;
+    }
+    out
 }
 
 /// Little-endian writes; the one required method says where bytes go.

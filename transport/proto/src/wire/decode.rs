@@ -1,14 +1,15 @@
 //! Decoding: checks come first (length, magic, version, CRC, opcode, flags, declared lengths),
-//! then fields are read through a bounds-checked cursor.
+//! then each field is read at its fixed offset out of a header whose length was checked once
+//! (`codec::u32_in` and the like, whose offsets are checked when compiled).
 
 use thiserror::Error;
 
 use super::opcode::{ErrorCode, NakCode, Opcode};
 use super::{
-    COMMON_HEADER_LEN, Ext, Handshake, Header, KNOWN_FLAGS, MAGIC, MAX_SACK_BLOCKS, Remote,
-    SackBlock, SackList, Segment, VERSION, crc_of, crc_of_parts,
+    COMMON_HEADER_LEN, Ext, Handshake, Header, KNOWN_FLAGS, MAGIC, MAX_EXT_LEN, MAX_SACK_BLOCKS,
+    Remote, SackBlock, SackList, Segment, VERSION, crc_of, crc_of_parts,
 };
-use crate::codec::{Reader, u16_at, u32_at, u64_at};
+use crate::codec::{u16_at, u16_in, u32_at, u32_in, u64_at, u64_in};
 use crate::seq::Psn;
 
 /// Why a datagram was rejected. A rejected datagram has no effect on any connection.
@@ -89,21 +90,20 @@ pub fn decode_parts<'a>(head: &'a [u8], payload: &'a [u8]) -> Result<Packet<'a>,
 /// headers end.
 fn decode_from<'a>(bytes: &'a [u8], tail: &'a [u8]) -> Result<Packet<'a>, DecodeError> {
     let total = bytes.len() + tail.len();
-    if bytes.len() < COMMON_HEADER_LEN {
-        return Err(DecodeError::TooShort(total));
-    }
     let datagram = bytes;
-    let mut r = Reader::new(datagram);
-    let magic = [r.u8().unwrap_or(0), r.u8().unwrap_or(0)];
-    if magic != MAGIC {
+    // Every field of the common header at its fixed offset, out of one checked array.
+    let Some(common) = datagram.first_chunk::<COMMON_HEADER_LEN>() else {
+        return Err(DecodeError::TooShort(total));
+    };
+    if common[..2] != MAGIC {
         return Err(DecodeError::BadMagic);
     }
-    let version = r.u8().ok_or(DecodeError::TooShort(datagram.len()))?;
+    let version = common[2];
     if version != VERSION {
         return Err(DecodeError::UnsupportedVersion(version));
     }
-    let opcode_byte = r.u8().ok_or(DecodeError::TooShort(datagram.len()))?;
-    let crc = r.u32().ok_or(DecodeError::TooShort(datagram.len()))?;
+    let opcode_byte = common[3];
+    let crc = u32_in::<4, COMMON_HEADER_LEN>(common);
     let computed = if tail.is_empty() {
         crc_of(datagram)
     } else {
@@ -114,12 +114,12 @@ fn decode_from<'a>(bytes: &'a [u8], tail: &'a [u8]) -> Result<Packet<'a>, Decode
     }
     let opcode = Opcode::from_u8(opcode_byte).ok_or(DecodeError::UnknownOpcode(opcode_byte))?;
     let short = DecodeError::TooShort(datagram.len());
-    let token = r.u64().ok_or(short)?;
-    let dest_qpn = r.u32().ok_or(short)?;
-    let psn = Psn(r.u32().ok_or(short)?);
-    let ack_psn = Psn(r.u32().ok_or(short)?);
-    let flags = r.u16().ok_or(short)?;
-    let payload_len = usize::from(r.u16().ok_or(short)?);
+    let token = u64_in::<8, COMMON_HEADER_LEN>(common);
+    let dest_qpn = u32_in::<16, COMMON_HEADER_LEN>(common);
+    let psn = Psn(u32_in::<20, COMMON_HEADER_LEN>(common));
+    let ack_psn = Psn(u32_in::<24, COMMON_HEADER_LEN>(common));
+    let flags = u16_in::<28, COMMON_HEADER_LEN>(common);
+    let payload_len = usize::from(u16_in::<30, COMMON_HEADER_LEN>(common));
     if flags & !KNOWN_FLAGS != 0 {
         return Err(DecodeError::UnknownFlags(flags & !KNOWN_FLAGS));
     }
@@ -156,7 +156,10 @@ fn decode_from<'a>(bytes: &'a [u8], tail: &'a [u8]) -> Result<Packet<'a>, Decode
         tail
     };
     let head = datagram.get(..payload_start).ok_or(short)?;
-    let ext = decode_ext(&mut r, opcode, payload)?;
+    // (The declared length matched, so the extension header is all there.)
+    let mut ext_bytes = [0u8; MAX_EXT_LEN];
+    ext_bytes[..ext_len].copy_from_slice(head.get(COMMON_HEADER_LEN..).ok_or(short)?);
+    let ext = decode_ext(&ext_bytes, opcode, payload)?;
     if let Some(seg) = ext.segment() {
         let end = seg.offset.checked_add(payload.len() as u64);
         if end.is_none_or(|end| end > seg.msg_len) {
@@ -179,109 +182,96 @@ fn decode_from<'a>(bytes: &'a [u8], tail: &'a [u8]) -> Result<Packet<'a>, Decode
     })
 }
 
-fn decode_ext(r: &mut Reader<'_>, opcode: Opcode, payload: &[u8]) -> Result<Ext, DecodeError> {
-    let short = DecodeError::Malformed("extension header truncated");
-    let segment = |r: &mut Reader<'_>| -> Option<Segment> {
-        Some(Segment {
-            msg_first_psn: Psn(r.u32()?),
-            imm_or_req: r.u32()?,
-            offset: r.u64()?,
-            msg_len: r.u64()?,
-        })
+/// The extension header of an `opcode` datagram, from its first `opcode.ext_len()` bytes in
+/// `b` (the rest zero), each field at its fixed offset.
+fn decode_ext(b: &[u8; MAX_EXT_LEN], opcode: Opcode, payload: &[u8]) -> Result<Ext, DecodeError> {
+    const N: usize = MAX_EXT_LEN;
+    // A segment is the message's first PSN, the immediate, the offset and the message's
+    // length; a remote buffer its rkey, 4 bytes of padding and its address.
+    let segment = |b: &[u8; N]| Segment {
+        msg_first_psn: Psn(u32_in::<0, N>(b)),
+        imm_or_req: u32_in::<4, N>(b),
+        offset: u64_in::<8, N>(b),
+        msg_len: u64_in::<16, N>(b),
     };
-    let remote = |r: &mut Reader<'_>| -> Option<Remote> {
-        let rkey = r.u32()?;
-        r.skip(4)?;
-        Some(Remote {
-            rkey,
-            addr: r.u64()?,
-        })
+    let remote_at_0 = |b: &[u8; N]| Remote {
+        rkey: u32_in::<0, N>(b),
+        addr: u64_in::<8, N>(b),
     };
-    let handshake = |r: &mut Reader<'_>| -> Option<Handshake> {
-        Some(Handshake {
-            src_qpn: r.u32()?,
-            initial_psn: Psn(r.u32()?),
-            max_payload: r.u32()?,
-            window: r.u32()?,
-        })
+    let handshake = |b: &[u8; N]| Handshake {
+        src_qpn: u32_in::<0, N>(b),
+        initial_psn: Psn(u32_in::<4, N>(b)),
+        max_payload: u32_in::<8, N>(b),
+        window: u32_in::<12, N>(b),
+    };
+    let write_remote = |b: &[u8; N]| Remote {
+        rkey: u32_in::<24, N>(b),
+        addr: u64_in::<32, N>(b),
     };
     Ok(match opcode {
-        Opcode::Send => Ext::Send(segment(r).ok_or(short)?),
-        Opcode::Write => Ext::Write(segment(r).ok_or(short)?, remote(r).ok_or(short)?),
-        Opcode::WriteWithImm => {
-            Ext::WriteWithImm(segment(r).ok_or(short)?, remote(r).ok_or(short)?)
-        }
-        Opcode::ReadResponse => Ext::ReadResponse(segment(r).ok_or(short)?),
+        Opcode::Send => Ext::Send(segment(b)),
+        Opcode::Write => Ext::Write(segment(b), write_remote(b)),
+        Opcode::WriteWithImm => Ext::WriteWithImm(segment(b), write_remote(b)),
+        Opcode::ReadResponse => Ext::ReadResponse(segment(b)),
         Opcode::ReadRequest => Ext::ReadRequest {
-            remote: remote(r).ok_or(short)?,
-            len: r.u64().ok_or(short)?,
+            remote: remote_at_0(b),
+            len: u64_in::<16, N>(b),
         },
-        Opcode::FetchAdd => {
-            let remote = remote(r).ok_or(short)?;
-            let add = r.u64().ok_or(short)?;
-            r.skip(8).ok_or(short)?;
-            Ext::FetchAdd { remote, add }
-        }
+        Opcode::FetchAdd => Ext::FetchAdd {
+            remote: remote_at_0(b),
+            add: u64_in::<16, N>(b),
+        },
         Opcode::CmpSwap => Ext::CmpSwap {
-            remote: remote(r).ok_or(short)?,
-            compare: r.u64().ok_or(short)?,
-            swap: r.u64().ok_or(short)?,
+            remote: remote_at_0(b),
+            compare: u64_in::<16, N>(b),
+            swap: u64_in::<24, N>(b),
         },
-        Opcode::AtomicResponse => {
-            let req_psn = Psn(r.u32().ok_or(short)?);
-            r.skip(4).ok_or(short)?;
-            Ext::AtomicResponse {
-                req_psn,
-                original: r.u64().ok_or(short)?,
+        Opcode::AtomicResponse => Ext::AtomicResponse {
+            req_psn: Psn(u32_in::<0, N>(b)),
+            original: u64_in::<8, N>(b),
+        },
+        Opcode::FatalNak => {
+            let code =
+                ErrorCode::from_u8(b[4]).ok_or(DecodeError::Malformed("unknown error code"))?;
+            Ext::FatalNak {
+                req_psn: Psn(u32_in::<0, N>(b)),
+                code,
             }
         }
-        Opcode::FatalNak => {
-            let req_psn = Psn(r.u32().ok_or(short)?);
-            let code = r.u8().ok_or(short)?;
-            let code =
-                ErrorCode::from_u8(code).ok_or(DecodeError::Malformed("unknown error code"))?;
-            Ext::FatalNak { req_psn, code }
-        }
         Opcode::Ack => {
-            let window = r.u32().ok_or(short)?;
-            let receive_limit = r.u32().ok_or(short)?;
-            let count = usize::from(r.u8().ok_or(short)?);
+            let count = usize::from(b[8]);
             if count > MAX_SACK_BLOCKS || payload.len() != count * 8 {
                 return Err(DecodeError::Malformed(
                     "SACK block count does not match payload",
                 ));
             }
-            let mut blocks = Reader::new(payload);
             let mut sacks = SackList::default();
-            for _ in 0..count {
-                let start = Psn(blocks.u32().ok_or(short)?);
-                let end = Psn(blocks.u32().ok_or(short)?);
+            for block in payload.chunks_exact(8) {
+                let start = Psn(u32_at(block, 0).unwrap_or(0));
+                let end = Psn(u32_at(block, 4).unwrap_or(0));
                 if !start.before(end) {
                     return Err(DecodeError::Malformed("empty or inverted SACK block"));
                 }
                 sacks.push(SackBlock { start, end });
             }
             Ext::Ack {
-                window,
-                receive_limit,
+                window: u32_in::<0, N>(b),
+                receive_limit: u32_in::<4, N>(b),
                 sacks,
             }
         }
         Opcode::Nak => {
-            let psn = Psn(r.u32().ok_or(short)?);
-            let code = r.u8().ok_or(short)?;
-            let code = NakCode::from_u8(code).ok_or(DecodeError::Malformed("unknown NAK code"))?;
-            r.skip(3).ok_or(short)?;
+            let code = NakCode::from_u8(b[4]).ok_or(DecodeError::Malformed("unknown NAK code"))?;
             Ext::Nak {
-                psn,
+                psn: Psn(u32_in::<0, N>(b)),
                 code,
-                rnr_delay_us: r.u32().ok_or(short)?,
+                rnr_delay_us: u32_in::<8, N>(b),
             }
         }
-        Opcode::Connect => Ext::Connect(handshake(r).ok_or(short)?),
-        Opcode::Accept => Ext::Accept(handshake(r).ok_or(short)?),
+        Opcode::Connect => Ext::Connect(handshake(b)),
+        Opcode::Accept => Ext::Accept(handshake(b)),
         Opcode::Close => Ext::Close {
-            reason: r.u32().ok_or(short)?,
+            reason: u32_in::<0, N>(b),
         },
         Opcode::KeepAlive => Ext::KeepAlive,
     })

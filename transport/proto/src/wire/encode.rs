@@ -3,8 +3,10 @@
 //! where it lies (sent as a second part of a gathered datagram) is fed to [`seal_parts`]
 //! instead: the CRC on the wire is the same.
 
-use super::{COMMON_HEADER_LEN, CRC_RANGE, Ext, Header, MAGIC, VERSION, crc_stops_at};
-use crate::codec::{Put, SliceWriter};
+use super::{
+    COMMON_HEADER_LEN, CRC_RANGE, Ext, Header, MAGIC, MAX_EXT_LEN, Segment, VERSION, crc_stops_at,
+};
+use crate::codec::{Put, SliceWriter, put_in};
 
 /// CRC-32C (Castagnoli) of a datagram, skipping the CRC field itself, over the bytes its
 /// flags say it covers ([`super::crc_stops_at`]: the payload of a data packet only with a
@@ -80,103 +82,119 @@ pub fn seal_parts(header: &mut [u8], payload: impl FnOnce(&mut dyn FnMut(&[u8]))
 /// If `buf` is shorter than the header (the caller sizes buffers for [`super::MAX_HEADER_LEN`]
 /// plus the payload; this is a programming error, never a reaction to input).
 pub fn write_header(buf: &mut [u8], header: &Header, ext: &Ext, payload_len: usize) -> usize {
-    let sack_len = match ext {
-        Ext::Ack { sacks, .. } => sacks.as_slice().len() * 8,
-        _ => 0,
+    let sacks = match ext {
+        Ext::Ack { sacks, .. } => sacks.as_slice(),
+        _ => &[],
     };
-    let payload_len = payload_len + sack_len;
-    let mut w = SliceWriter::new(buf);
-    w.put_bytes(&MAGIC);
-    w.put_u8(VERSION);
-    w.put_u8(ext.opcode() as u8);
-    w.put_u32(0); // CRC, filled in by `seal`.
-    w.put_u64(header.token);
-    w.put_u32(header.dest_qpn);
-    w.put_u32(header.psn.0);
-    w.put_u32(header.ack_psn.0);
-    w.put_u16(header.flags);
-    w.put_u16(u16::try_from(payload_len).expect("payload length fits the 16-bit field"));
-    debug_assert_eq!(w.position(), COMMON_HEADER_LEN);
-    let segment = |w: &mut SliceWriter<'_>, s: &super::Segment| {
-        w.put_u32(s.msg_first_psn.0);
-        w.put_u32(s.imm_or_req);
-        w.put_u64(s.offset);
-        w.put_u64(s.msg_len);
+    let payload_len = payload_len + sacks.len() * 8;
+    let opcode = ext.opcode();
+    let ext_len = opcode.ext_len();
+    let len = COMMON_HEADER_LEN + ext_len + sacks.len() * 8;
+    assert!(
+        len <= buf.len(),
+        "frame writer: a {len}-byte header does not fit a {}-byte buffer",
+        buf.len()
+    );
+    // Both headers are built in arrays, each field at its fixed offset, then copied: no
+    // bounds check per field (a cursor's checks were most of an 8-byte message's encoding).
+    let mut common = [0u8; COMMON_HEADER_LEN];
+    put_in::<0, 2, COMMON_HEADER_LEN>(&mut common, MAGIC);
+    put_in::<2, 1, COMMON_HEADER_LEN>(&mut common, [VERSION]);
+    put_in::<3, 1, COMMON_HEADER_LEN>(&mut common, [opcode as u8]);
+    // Bytes 4..8, the CRC, stay zero until `seal`.
+    put_in::<8, 8, COMMON_HEADER_LEN>(&mut common, header.token.to_le_bytes());
+    put_in::<16, 4, COMMON_HEADER_LEN>(&mut common, header.dest_qpn.to_le_bytes());
+    put_in::<20, 4, COMMON_HEADER_LEN>(&mut common, header.psn.0.to_le_bytes());
+    put_in::<24, 4, COMMON_HEADER_LEN>(&mut common, header.ack_psn.0.to_le_bytes());
+    put_in::<28, 2, COMMON_HEADER_LEN>(&mut common, header.flags.to_le_bytes());
+    let payload_len = u16::try_from(payload_len).expect("payload length fits the 16-bit field");
+    put_in::<30, 2, COMMON_HEADER_LEN>(&mut common, payload_len.to_le_bytes());
+    buf[..COMMON_HEADER_LEN].copy_from_slice(&common);
+    let ext_bytes = ext_header(ext);
+    buf[COMMON_HEADER_LEN..COMMON_HEADER_LEN + ext_len].copy_from_slice(&ext_bytes[..ext_len]);
+    // An ACK's selective acknowledgement blocks are its payload.
+    let mut w = SliceWriter::new(&mut buf[COMMON_HEADER_LEN + ext_len..len]);
+    for block in sacks {
+        w.put_u32(block.start.0);
+        w.put_u32(block.end.0);
+    }
+    len
+}
+
+/// The extension header of `ext`, in the first `ext.opcode().ext_len()` bytes (the rest zero).
+fn ext_header(ext: &Ext) -> [u8; MAX_EXT_LEN] {
+    const N: usize = MAX_EXT_LEN;
+    let mut b = [0u8; N];
+    let segment = |b: &mut [u8; N], s: &Segment| {
+        put_in::<0, 4, N>(b, s.msg_first_psn.0.to_le_bytes());
+        put_in::<4, 4, N>(b, s.imm_or_req.to_le_bytes());
+        put_in::<8, 8, N>(b, s.offset.to_le_bytes());
+        put_in::<16, 8, N>(b, s.msg_len.to_le_bytes());
     };
-    let remote = |w: &mut SliceWriter<'_>, r: &super::Remote| {
-        w.put_u32(r.rkey);
-        w.put_zeros(4);
-        w.put_u64(r.addr);
-    };
+    // A remote buffer is its rkey, 4 bytes of padding and its address; a segment is the
+    // message's first PSN, the immediate, the offset and the message's length.
     match ext {
-        Ext::Send(s) | Ext::ReadResponse(s) => segment(&mut w, s),
+        Ext::Send(s) | Ext::ReadResponse(s) => segment(&mut b, s),
         Ext::Write(s, r) | Ext::WriteWithImm(s, r) => {
-            segment(&mut w, s);
-            remote(&mut w, r);
+            segment(&mut b, s);
+            put_in::<24, 4, N>(&mut b, r.rkey.to_le_bytes());
+            put_in::<32, 8, N>(&mut b, r.addr.to_le_bytes());
         }
         Ext::ReadRequest { remote: r, len } => {
-            remote(&mut w, r);
-            w.put_u64(*len);
+            put_in::<0, 4, N>(&mut b, r.rkey.to_le_bytes());
+            put_in::<8, 8, N>(&mut b, r.addr.to_le_bytes());
+            put_in::<16, 8, N>(&mut b, len.to_le_bytes());
         }
         Ext::FetchAdd { remote: r, add } => {
-            remote(&mut w, r);
-            w.put_u64(*add);
-            w.put_zeros(8);
+            put_in::<0, 4, N>(&mut b, r.rkey.to_le_bytes());
+            put_in::<8, 8, N>(&mut b, r.addr.to_le_bytes());
+            put_in::<16, 8, N>(&mut b, add.to_le_bytes());
+            // 8 bytes of padding.
         }
         Ext::CmpSwap {
             remote: r,
             compare,
             swap,
         } => {
-            remote(&mut w, r);
-            w.put_u64(*compare);
-            w.put_u64(*swap);
+            put_in::<0, 4, N>(&mut b, r.rkey.to_le_bytes());
+            put_in::<8, 8, N>(&mut b, r.addr.to_le_bytes());
+            put_in::<16, 8, N>(&mut b, compare.to_le_bytes());
+            put_in::<24, 8, N>(&mut b, swap.to_le_bytes());
         }
         Ext::AtomicResponse { req_psn, original } => {
-            w.put_u32(req_psn.0);
-            w.put_zeros(4);
-            w.put_u64(*original);
+            put_in::<0, 4, N>(&mut b, req_psn.0.to_le_bytes());
+            put_in::<8, 8, N>(&mut b, original.to_le_bytes());
         }
         Ext::FatalNak { req_psn, code } => {
-            w.put_u32(req_psn.0);
-            w.put_u8(*code as u8);
-            w.put_zeros(3);
+            put_in::<0, 4, N>(&mut b, req_psn.0.to_le_bytes());
+            put_in::<4, 1, N>(&mut b, [*code as u8]);
         }
         Ext::Ack {
             window,
             receive_limit,
             sacks,
         } => {
-            w.put_u32(*window);
-            w.put_u32(*receive_limit);
-            w.put_u8(sacks.as_slice().len() as u8);
-            w.put_zeros(3);
-            for block in sacks.as_slice() {
-                w.put_u32(block.start.0);
-                w.put_u32(block.end.0);
-            }
+            put_in::<0, 4, N>(&mut b, window.to_le_bytes());
+            put_in::<4, 4, N>(&mut b, receive_limit.to_le_bytes());
+            put_in::<8, 1, N>(&mut b, [sacks.as_slice().len() as u8]);
         }
         Ext::Nak {
             psn,
             code,
             rnr_delay_us,
         } => {
-            w.put_u32(psn.0);
-            w.put_u8(*code as u8);
-            w.put_zeros(3);
-            w.put_u32(*rnr_delay_us);
+            put_in::<0, 4, N>(&mut b, psn.0.to_le_bytes());
+            put_in::<4, 1, N>(&mut b, [*code as u8]);
+            put_in::<8, 4, N>(&mut b, rnr_delay_us.to_le_bytes());
         }
         Ext::Connect(h) | Ext::Accept(h) => {
-            w.put_u32(h.src_qpn);
-            w.put_u32(h.initial_psn.0);
-            w.put_u32(h.max_payload);
-            w.put_u32(h.window);
+            put_in::<0, 4, N>(&mut b, h.src_qpn.to_le_bytes());
+            put_in::<4, 4, N>(&mut b, h.initial_psn.0.to_le_bytes());
+            put_in::<8, 4, N>(&mut b, h.max_payload.to_le_bytes());
+            put_in::<12, 4, N>(&mut b, h.window.to_le_bytes());
         }
-        Ext::Close { reason } => {
-            w.put_u32(*reason);
-            w.put_zeros(4);
-        }
+        Ext::Close { reason } => put_in::<0, 4, N>(&mut b, reason.to_le_bytes()),
         Ext::KeepAlive => {}
     }
-    w.position()
+    b
 }

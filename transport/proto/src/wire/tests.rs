@@ -436,3 +436,144 @@ proptest! {
         let _ = decode_parts(&bytes[..cut], &bytes[cut..]);
     }
 }
+
+/// Every opcode's headers, byte for byte, as the cursor-based encoder before 2026-12-06 wrote
+/// them (and as docs/wire-format.md lays them out): the fixed-offset encoder and decoder that
+/// replaced it must not move a field. Each field holds distinct bytes, so a field written at
+/// the wrong offset, with the wrong width or byte order, shows.
+#[test]
+fn every_header_keeps_its_layout_byte_for_byte() {
+    let seg = Segment {
+        msg_first_psn: Psn(0x0102_0304),
+        imm_or_req: 0x0506_0708,
+        offset: 0x1112_1314_1516_1718,
+        msg_len: 0x2122_2324_2526_2728,
+    };
+    let rem = Remote {
+        rkey: 0x3132_3334,
+        addr: 0x4142_4344_4546_4748,
+    };
+    let hs = Handshake {
+        src_qpn: 0x5152_5354,
+        initial_psn: Psn(0x6162_6364),
+        max_payload: 0x7172_7374,
+        window: 0x8182_8384,
+    };
+    let mut sacks = SackList::default();
+    sacks.push(SackBlock {
+        start: Psn(10),
+        end: Psn(20),
+    });
+    let common = "d8d7d6d5d4d3d2d1e4e3e2e1f4f3f2f10d0c0b0a0000";
+    let cases: [(Ext, usize, &str); 15] = [
+        (
+            Ext::Send(seg),
+            3,
+            "7442030100000000|0300040302010807060518171615141312112827262524232221",
+        ),
+        (
+            Ext::ReadResponse(seg),
+            2,
+            "7442030500000000|0200040302010807060518171615141312112827262524232221",
+        ),
+        (
+            Ext::Write(seg, rem),
+            4,
+            "7442030200000000|040004030201080706051817161514131211282726252423222134333231000000004847464544434241",
+        ),
+        (
+            Ext::WriteWithImm(seg, rem),
+            1,
+            "7442030300000000|010004030201080706051817161514131211282726252423222134333231000000004847464544434241",
+        ),
+        (
+            Ext::ReadRequest {
+                remote: rem,
+                len: 0x99,
+            },
+            0,
+            "7442030400000000|0000343332310000000048474645444342419900000000000000",
+        ),
+        (
+            Ext::FetchAdd {
+                remote: rem,
+                add: 0x77,
+            },
+            0,
+            "7442030600000000|00003433323100000000484746454443424177000000000000000000000000000000",
+        ),
+        (
+            Ext::CmpSwap {
+                remote: rem,
+                compare: 0x66,
+                swap: 0x55,
+            },
+            0,
+            "7442030700000000|00003433323100000000484746454443424166000000000000005500000000000000",
+        ),
+        (
+            Ext::AtomicResponse {
+                req_psn: Psn(0x44),
+                original: 0x33,
+            },
+            0,
+            "7442030800000000|000044000000000000003300000000000000",
+        ),
+        (
+            Ext::FatalNak {
+                req_psn: Psn(0x22),
+                code: ErrorCode::from_u8(1).expect("a code"),
+            },
+            0,
+            "7442030900000000|00002200000001000000",
+        ),
+        (
+            Ext::Ack {
+                window: 0xa1,
+                receive_limit: 0xa2,
+                sacks,
+            },
+            0,
+            "7442031000000000|0800a1000000a2000000010000000a00000014000000",
+        ),
+        (
+            Ext::Nak {
+                psn: Psn(0xb1),
+                code: NakCode::from_u8(1).expect("a code"),
+                rnr_delay_us: 0xb2,
+            },
+            0,
+            "7442031100000000|0000b100000001000000b2000000",
+        ),
+        (
+            Ext::Connect(hs),
+            0,
+            "7442032000000000|000054535251646362617473727184838281",
+        ),
+        (
+            Ext::Accept(hs),
+            0,
+            "7442032100000000|000054535251646362617473727184838281",
+        ),
+        (
+            Ext::Close { reason: 0xc1 },
+            0,
+            "7442032200000000|0000c100000000000000",
+        ),
+        (Ext::KeepAlive, 0, "7442032300000000|0000"),
+    ];
+    for (ext, payload_len, expected) in cases {
+        let header = Header {
+            opcode: ext.opcode(),
+            token: 0xd1d2_d3d4_d5d6_d7d8,
+            dest_qpn: 0xe1e2_e3e4,
+            psn: Psn(0xf1f2_f3f4),
+            ack_psn: Psn(0x0a0b_0c0d),
+            flags: 0,
+        };
+        let mut buf = [0xffu8; 200];
+        let n = write_header(&mut buf, &header, &ext, payload_len);
+        let written: String = buf[..n].iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(written, expected.replace('|', common), "{:?}", ext.opcode());
+    }
+}
