@@ -4,7 +4,7 @@
 # target/pgo/release/ (PGO_TARGET_DIR moves it).
 #
 #   rustup component add llvm-tools      # once: llvm-profdata of this toolchain
-#   sudo scripts/pgo.sh                  # about 6 minutes on 2 cores
+#   sudo scripts/pgo.sh                  # about 9 minutes on 2 cores (two fat-LTO builds)
 #   sudo target/pgo/release/linkbench    # the figures a release build gives
 #
 # Three steps. (1) An instrumented release build (-Cprofile-generate) in target/pgo/gen. (2) It
