@@ -5,7 +5,7 @@
 //! - [`Reader`] is a cursor over received bytes: every read returns `None` past the end, so a
 //!   decoder built on it cannot panic or read out of bounds whatever a peer sends. [`u16_at`],
 //!   [`u32_at`] and [`u64_at`] are the same check for a field at a fixed offset.
-//! - [`u16_in`], [`u32_in`], [`u64_in`] and [`put_in`] read and write a field at a constant
+//! - [`u16_in`], [`u32_in`], [`u64_in`], [`array_in`] and [`put_in`] read and write a field at a constant
 //!   offset of a fixed-size array (a header whose length was checked once): whether the field
 //!   fits is checked when the code is compiled, so the per-message headers cost no check per
 //!   field.
@@ -104,17 +104,17 @@ pub fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
 /// checked when the code is compiled, so a decoder that checked the header's length once reads
 /// its fields with no further checks (a header's fields are at fixed offsets).
 pub fn u16_in<const AT: usize, const N: usize>(bytes: &[u8; N]) -> u16 {
-    u16::from_le_bytes(field::<AT, 2, N>(bytes))
+    u16::from_le_bytes(array_in::<AT, 2, N>(bytes))
 }
 
 /// The little-endian u32 at byte `AT` of `bytes` (see [`u16_in`]).
 pub fn u32_in<const AT: usize, const N: usize>(bytes: &[u8; N]) -> u32 {
-    u32::from_le_bytes(field::<AT, 4, N>(bytes))
+    u32::from_le_bytes(array_in::<AT, 4, N>(bytes))
 }
 
 /// The little-endian u64 at byte `AT` of `bytes` (see [`u16_in`]).
 pub fn u64_in<const AT: usize, const N: usize>(bytes: &[u8; N]) -> u64 {
-    u64::from_le_bytes(field::<AT, 8, N>(bytes))
+    u64::from_le_bytes(array_in::<AT, 8, N>(bytes))
 }
 
 /// Writes `value` at byte `AT` of the fixed-size header `bytes`, checked when compiled (see
@@ -131,7 +131,9 @@ pub fn put_in<const AT: usize, const W: usize, const N: usize>(
     }
 }
 
-fn field<const AT: usize, const W: usize, const N: usize>(bytes: &[u8; N]) -> [u8; W] {
+/// The `W` bytes at byte `AT` of the fixed-size header `bytes` (see [`u16_in`]): a part of a
+/// header laid out the same wherever it sits (a remote buffer, say).
+pub fn array_in<const AT: usize, const W: usize, const N: usize>(bytes: &[u8; N]) -> [u8; W] {
     const { assert!(AT + W <= N, "field past the end of its header") };
     let mut out = [0u8; W];
     let mut i = 0;

@@ -9,7 +9,7 @@ use super::{
     COMMON_HEADER_LEN, Ext, Handshake, Header, KNOWN_FLAGS, MAGIC, MAX_EXT_LEN, MAX_SACK_BLOCKS,
     Remote, SackBlock, SackList, Segment, VERSION, crc_of, crc_of_parts,
 };
-use crate::codec::{u16_at, u16_in, u32_at, u32_in, u64_at, u64_in};
+use crate::codec::{array_in, u16_at, u16_in, u32_at, u32_in, u64_at, u64_in};
 use crate::seq::Psn;
 
 /// Why a datagram was rejected. A rejected datagram has no effect on any connection.
@@ -186,43 +186,27 @@ fn decode_from<'a>(bytes: &'a [u8], tail: &'a [u8]) -> Result<Packet<'a>, Decode
 /// `b` (the rest zero), each field at its fixed offset.
 fn decode_ext(b: &[u8; MAX_EXT_LEN], opcode: Opcode, payload: &[u8]) -> Result<Ext, DecodeError> {
     const N: usize = MAX_EXT_LEN;
-    // A segment is the message's first PSN, the immediate, the offset and the message's
-    // length; a remote buffer its rkey, 4 bytes of padding and its address.
-    let segment = |b: &[u8; N]| Segment {
-        msg_first_psn: Psn(u32_in::<0, N>(b)),
-        imm_or_req: u32_in::<4, N>(b),
-        offset: u64_in::<8, N>(b),
-        msg_len: u64_in::<16, N>(b),
-    };
-    let remote_at_0 = |b: &[u8; N]| Remote {
-        rkey: u32_in::<0, N>(b),
-        addr: u64_in::<8, N>(b),
-    };
-    let handshake = |b: &[u8; N]| Handshake {
-        src_qpn: u32_in::<0, N>(b),
-        initial_psn: Psn(u32_in::<4, N>(b)),
-        max_payload: u32_in::<8, N>(b),
-        window: u32_in::<12, N>(b),
-    };
-    let write_remote = |b: &[u8; N]| Remote {
-        rkey: u32_in::<24, N>(b),
-        addr: u64_in::<32, N>(b),
-    };
     Ok(match opcode {
-        Opcode::Send => Ext::Send(segment(b)),
-        Opcode::Write => Ext::Write(segment(b), write_remote(b)),
-        Opcode::WriteWithImm => Ext::WriteWithImm(segment(b), write_remote(b)),
-        Opcode::ReadResponse => Ext::ReadResponse(segment(b)),
+        Opcode::Send => Ext::Send(segment(array_in::<0, 24, N>(b))),
+        Opcode::Write => Ext::Write(
+            segment(array_in::<0, 24, N>(b)),
+            remote(array_in::<24, 16, N>(b)),
+        ),
+        Opcode::WriteWithImm => Ext::WriteWithImm(
+            segment(array_in::<0, 24, N>(b)),
+            remote(array_in::<24, 16, N>(b)),
+        ),
+        Opcode::ReadResponse => Ext::ReadResponse(segment(array_in::<0, 24, N>(b))),
         Opcode::ReadRequest => Ext::ReadRequest {
-            remote: remote_at_0(b),
+            remote: remote(array_in::<0, 16, N>(b)),
             len: u64_in::<16, N>(b),
         },
         Opcode::FetchAdd => Ext::FetchAdd {
-            remote: remote_at_0(b),
+            remote: remote(array_in::<0, 16, N>(b)),
             add: u64_in::<16, N>(b),
         },
         Opcode::CmpSwap => Ext::CmpSwap {
-            remote: remote_at_0(b),
+            remote: remote(array_in::<0, 16, N>(b)),
             compare: u64_in::<16, N>(b),
             swap: u64_in::<24, N>(b),
         },
@@ -246,9 +230,9 @@ fn decode_ext(b: &[u8; MAX_EXT_LEN], opcode: Opcode, payload: &[u8]) -> Result<E
                 ));
             }
             let mut sacks = SackList::default();
-            for block in payload.chunks_exact(8) {
-                let start = Psn(u32_at(block, 0).unwrap_or(0));
-                let end = Psn(u32_at(block, 4).unwrap_or(0));
+            for block in payload.chunks_exact(8).filter_map(<[u8]>::first_chunk::<8>) {
+                let start = Psn(u32_in::<0, 8>(block));
+                let end = Psn(u32_in::<4, 8>(block));
                 if !start.before(end) {
                     return Err(DecodeError::Malformed("empty or inverted SACK block"));
                 }
@@ -268,13 +252,41 @@ fn decode_ext(b: &[u8; MAX_EXT_LEN], opcode: Opcode, payload: &[u8]) -> Result<E
                 rnr_delay_us: u32_in::<8, N>(b),
             }
         }
-        Opcode::Connect => Ext::Connect(handshake(b)),
-        Opcode::Accept => Ext::Accept(handshake(b)),
+        Opcode::Connect => Ext::Connect(handshake(array_in::<0, 16, N>(b))),
+        Opcode::Accept => Ext::Accept(handshake(array_in::<0, 16, N>(b))),
         Opcode::Close => Ext::Close {
             reason: u32_in::<0, N>(b),
         },
         Opcode::KeepAlive => Ext::KeepAlive,
     })
+}
+
+/// A segment: the message's first PSN, the immediate, the offset and the message's length.
+fn segment(b: [u8; 24]) -> Segment {
+    Segment {
+        msg_first_psn: Psn(u32_in::<0, 24>(&b)),
+        imm_or_req: u32_in::<4, 24>(&b),
+        offset: u64_in::<8, 24>(&b),
+        msg_len: u64_in::<16, 24>(&b),
+    }
+}
+
+/// A remote buffer: its rkey, 4 bytes of padding, its address.
+fn remote(b: [u8; 16]) -> Remote {
+    Remote {
+        rkey: u32_in::<0, 16>(&b),
+        addr: u64_in::<8, 16>(&b),
+    }
+}
+
+/// A CONNECT's or ACCEPT's parameters.
+fn handshake(b: [u8; 16]) -> Handshake {
+    Handshake {
+        src_qpn: u32_in::<0, 16>(&b),
+        initial_psn: Psn(u32_in::<4, 16>(&b)),
+        max_payload: u32_in::<8, 16>(&b),
+        window: u32_in::<12, 16>(&b),
+    }
 }
 
 /// Where a WRITE or WRITE_WITH_IMM datagram asks its payload to be placed, as its header says.

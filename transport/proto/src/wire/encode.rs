@@ -4,7 +4,8 @@
 //! instead: the CRC on the wire is the same.
 
 use super::{
-    COMMON_HEADER_LEN, CRC_RANGE, Ext, Header, MAGIC, MAX_EXT_LEN, Segment, VERSION, crc_stops_at,
+    COMMON_HEADER_LEN, CRC_RANGE, Ext, Handshake, Header, MAGIC, MAX_EXT_LEN, Remote, Segment,
+    VERSION, crc_stops_at,
 };
 use crate::codec::{Put, SliceWriter, put_in};
 
@@ -125,29 +126,18 @@ pub fn write_header(buf: &mut [u8], header: &Header, ext: &Ext, payload_len: usi
 fn ext_header(ext: &Ext) -> [u8; MAX_EXT_LEN] {
     const N: usize = MAX_EXT_LEN;
     let mut b = [0u8; N];
-    let segment = |b: &mut [u8; N], s: &Segment| {
-        put_in::<0, 4, N>(b, s.msg_first_psn.0.to_le_bytes());
-        put_in::<4, 4, N>(b, s.imm_or_req.to_le_bytes());
-        put_in::<8, 8, N>(b, s.offset.to_le_bytes());
-        put_in::<16, 8, N>(b, s.msg_len.to_le_bytes());
-    };
-    // A remote buffer is its rkey, 4 bytes of padding and its address; a segment is the
-    // message's first PSN, the immediate, the offset and the message's length.
     match ext {
-        Ext::Send(s) | Ext::ReadResponse(s) => segment(&mut b, s),
+        Ext::Send(s) | Ext::ReadResponse(s) => put_in::<0, 24, N>(&mut b, segment_bytes(s)),
         Ext::Write(s, r) | Ext::WriteWithImm(s, r) => {
-            segment(&mut b, s);
-            put_in::<24, 4, N>(&mut b, r.rkey.to_le_bytes());
-            put_in::<32, 8, N>(&mut b, r.addr.to_le_bytes());
+            put_in::<0, 24, N>(&mut b, segment_bytes(s));
+            put_in::<24, 16, N>(&mut b, remote_bytes(r));
         }
         Ext::ReadRequest { remote: r, len } => {
-            put_in::<0, 4, N>(&mut b, r.rkey.to_le_bytes());
-            put_in::<8, 8, N>(&mut b, r.addr.to_le_bytes());
+            put_in::<0, 16, N>(&mut b, remote_bytes(r));
             put_in::<16, 8, N>(&mut b, len.to_le_bytes());
         }
         Ext::FetchAdd { remote: r, add } => {
-            put_in::<0, 4, N>(&mut b, r.rkey.to_le_bytes());
-            put_in::<8, 8, N>(&mut b, r.addr.to_le_bytes());
+            put_in::<0, 16, N>(&mut b, remote_bytes(r));
             put_in::<16, 8, N>(&mut b, add.to_le_bytes());
             // 8 bytes of padding.
         }
@@ -156,8 +146,7 @@ fn ext_header(ext: &Ext) -> [u8; MAX_EXT_LEN] {
             compare,
             swap,
         } => {
-            put_in::<0, 4, N>(&mut b, r.rkey.to_le_bytes());
-            put_in::<8, 8, N>(&mut b, r.addr.to_le_bytes());
+            put_in::<0, 16, N>(&mut b, remote_bytes(r));
             put_in::<16, 8, N>(&mut b, compare.to_le_bytes());
             put_in::<24, 8, N>(&mut b, swap.to_le_bytes());
         }
@@ -187,14 +176,37 @@ fn ext_header(ext: &Ext) -> [u8; MAX_EXT_LEN] {
             put_in::<4, 1, N>(&mut b, [*code as u8]);
             put_in::<8, 4, N>(&mut b, rnr_delay_us.to_le_bytes());
         }
-        Ext::Connect(h) | Ext::Accept(h) => {
-            put_in::<0, 4, N>(&mut b, h.src_qpn.to_le_bytes());
-            put_in::<4, 4, N>(&mut b, h.initial_psn.0.to_le_bytes());
-            put_in::<8, 4, N>(&mut b, h.max_payload.to_le_bytes());
-            put_in::<12, 4, N>(&mut b, h.window.to_le_bytes());
-        }
+        Ext::Connect(h) | Ext::Accept(h) => put_in::<0, 16, N>(&mut b, handshake_bytes(h)),
         Ext::Close { reason } => put_in::<0, 4, N>(&mut b, reason.to_le_bytes()),
         Ext::KeepAlive => {}
     }
+    b
+}
+
+/// A segment: the message's first PSN, the immediate, the offset and the message's length.
+fn segment_bytes(s: &Segment) -> [u8; 24] {
+    let mut b = [0u8; 24];
+    put_in::<0, 4, 24>(&mut b, s.msg_first_psn.0.to_le_bytes());
+    put_in::<4, 4, 24>(&mut b, s.imm_or_req.to_le_bytes());
+    put_in::<8, 8, 24>(&mut b, s.offset.to_le_bytes());
+    put_in::<16, 8, 24>(&mut b, s.msg_len.to_le_bytes());
+    b
+}
+
+/// A remote buffer: its rkey, 4 bytes of padding, its address.
+fn remote_bytes(r: &Remote) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    put_in::<0, 4, 16>(&mut b, r.rkey.to_le_bytes());
+    put_in::<8, 8, 16>(&mut b, r.addr.to_le_bytes());
+    b
+}
+
+/// A CONNECT's or ACCEPT's parameters.
+fn handshake_bytes(h: &Handshake) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    put_in::<0, 4, 16>(&mut b, h.src_qpn.to_le_bytes());
+    put_in::<4, 4, 16>(&mut b, h.initial_psn.0.to_le_bytes());
+    put_in::<8, 4, 16>(&mut b, h.max_payload.to_le_bytes());
+    put_in::<12, 4, 16>(&mut b, h.window.to_le_bytes());
     b
 }
