@@ -14,7 +14,7 @@
 //! **This file contains `unsafe`**: it calls the plugin's C entry points, as NCCL does.
 
 use std::ffi::c_void;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -286,8 +286,13 @@ fn spawn_with(wrapper: Option<&[&str]>, role: &str, env: &[(&str, &str)]) -> Chi
     cmd.spawn().expect("start the child")
 }
 
-/// Reads the child's stdout up to a line starting with `tag`; returns the rest of it.
-fn expect_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, tag: &str) -> String {
+/// Reads `child`'s stdout (`lines`) up to a line starting with `tag`; returns the rest of it.
+/// When the child ends first, the panic carries its exit status and stderr (its own panic).
+fn expect_line(
+    child: &mut Child,
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    tag: &str,
+) -> String {
     for line in lines.by_ref() {
         // (libtest prints "test role ... " on the line the child's first output joins.)
         let line = line.expect("child stdout");
@@ -295,7 +300,12 @@ fn expect_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, tag: &
             return line[at + tag.len()..].trim().to_string();
         }
     }
-    panic!("the child ended before printing {tag}");
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    let status = child.wait();
+    panic!("the child ended before printing {tag} ({status:?})\n--- stderr ---\n{stderr}");
 }
 
 /// Reads the child's whole stdout, then [`finish`]es it: its stdout lines and its stderr.
@@ -672,7 +682,7 @@ fn an_idle_connection_between_two_processes_survives() {
     let (h, l) = listen();
     let mut child = spawn("idle-peer", &[]);
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut theirs = unhex(&expect_line(&mut lines, "HANDLE"));
+    let mut theirs = unhex(&expect_line(&mut child, &mut lines, "HANDLE"));
     writeln!(child.stdin.as_mut().expect("stdin"), "{}", hex(&h)).expect("send handle");
     let s = connect(&mut theirs);
     let r = accept(l);
@@ -683,11 +693,11 @@ fn an_idle_connection_between_two_processes_survives() {
         wait(ping).unwrap_or_else(|c| panic!("round {round}: ping failed with {c}"));
         assert_eq!(wait(pong), Ok(8), "round {round}: pong");
         if round == 0 {
-            expect_line(&mut lines, "READY");
+            expect_line(&mut child, &mut lines, "READY");
             std::thread::sleep(IDLE_PERIOD);
         }
     }
-    expect_line(&mut lines, "DONE");
+    expect_line(&mut child, &mut lines, "DONE");
     writeln!(child.stdin.as_mut().expect("stdin"), "bye").expect("release the peer");
     finish(child);
 }
@@ -700,7 +710,7 @@ fn a_dead_peer_is_reported_after_an_idle_period() {
     let (h, l) = listen();
     let mut child = spawn("peer", &[]);
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut theirs = unhex(&expect_line(&mut lines, "HANDLE"));
+    let mut theirs = unhex(&expect_line(&mut child, &mut lines, "HANDLE"));
     writeln!(child.stdin.as_mut().expect("stdin"), "{}", hex(&h)).expect("send handle");
     let s = connect(&mut theirs);
     let r = accept(l);
@@ -709,7 +719,7 @@ fn a_dead_peer_is_reported_after_an_idle_period() {
     let ping = tx.isend(0, 8);
     wait(ping).expect("ping");
     assert_eq!(wait(pong), Ok(8));
-    expect_line(&mut lines, "READY");
+    expect_line(&mut child, &mut lines, "READY");
     let pending = rx.irecv(0, BUF).expect("irecv");
     child.kill().expect("kill the peer");
     let _ = child.wait();
@@ -743,14 +753,18 @@ fn init_parent() {
 /// again after the close).
 #[test]
 fn completed_sends_are_delivered_when_close_send_follows_at_once() {
-    let mut receiver = spawn("receiver", &[("TBRDMA_FAULTS", "seed=3,drop=33%")]);
+    // Nothing here waits for a timeout: the transport's default idle timeout (3 s), not the
+    // scenarios' 200 ms, so that a child starved on a loaded 2-core machine, with the
+    // receiver dropping a third of its keep-alives, is not declared dead (seen once in CI).
+    let idle = [("TBRDMA_IDLE_TIMEOUT_MS", "3000")];
+    let mut receiver = spawn("receiver", &[idle[0], ("TBRDMA_FAULTS", "seed=3,drop=33%")]);
     let mut rlines = BufReader::new(receiver.stdout.take().expect("stdout")).lines();
-    let handle = expect_line(&mut rlines, "HANDLE");
-    let mut sender = spawn("sender-closes", &[]);
+    let handle = expect_line(&mut receiver, &mut rlines, "HANDLE");
+    let mut sender = spawn("sender-closes", &idle);
     let mut slines = BufReader::new(sender.stdout.take().expect("stdout")).lines();
     writeln!(sender.stdin.as_mut().expect("stdin"), "{handle}").expect("send handle");
-    expect_line(&mut slines, "CLOSED");
-    expect_line(&mut rlines, "RECEIVED");
+    expect_line(&mut sender, &mut slines, "CLOSED");
+    expect_line(&mut receiver, &mut rlines, "RECEIVED");
     writeln!(sender.stdin.as_mut().expect("stdin"), "done").expect("release the sender");
     finish(receiver);
     finish(sender);
@@ -766,7 +780,7 @@ fn arrived_messages_complete_even_after_the_connection_failed() {
     let mut lines = BufReader::new(sender.stdout.take().expect("stdout")).lines();
     writeln!(sender.stdin.as_mut().expect("stdin"), "{}", hex(&h)).expect("send handle");
     let mut rx = End::new(accept(l));
-    expect_line(&mut lines, "SENT");
+    expect_line(&mut sender, &mut lines, "SENT");
     // Let the acknowledgements go, then the sender exits without a word.
     std::thread::sleep(Duration::from_millis(100));
     writeln!(sender.stdin.as_mut().expect("stdin"), "exit").expect("stop the sender");
@@ -895,7 +909,7 @@ fn a_stranger_that_stalls_after_its_hello_does_not_keep_the_rank_out() {
     ];
     let mut listener = spawn("accept-one", &hold);
     let mut lines = BufReader::new(listener.stdout.take().expect("stdout")).lines();
-    let mut h = unhex(&expect_line(&mut lines, "HANDLE"));
+    let mut h = unhex(&expect_line(&mut listener, &mut lines, "HANDLE"));
     let addr = tbrdma_proto::codec::Reader::new(&h[16..])
         .socket_addr()
         .expect("listening address in the handle");
@@ -906,7 +920,7 @@ fn a_stranger_that_stalls_after_its_hello_does_not_keep_the_rank_out() {
     tx.buf[..5].copy_from_slice(b"hello");
     let req = tx.isend(0, 5);
     wait(req).expect("send");
-    expect_line(&mut lines, "RECEIVED");
+    expect_line(&mut listener, &mut lines, "RECEIVED");
     finish(listener);
 }
 
