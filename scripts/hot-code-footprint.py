@@ -6,19 +6,22 @@
                                        [--functions K] TBRDMA [TBRDMA...]
 
 For each `tbrdma` binary: the client of `tbrdma pingpong` runs under callgrind
-(`--dump-instr=yes`), its server natively, in a two-namespace lab over one veth cable (server
-on CPU 1, client on CPU 0), taken down at the end; once for 5 000 round trips and once for
-25 000. An instruction is on the per-message path when, in the difference of the two runs
-(start-up, warm-up and the end cancel out), it ran at least once every two round trips. Prints, per
-binary: those instructions, the distinct 64-byte cache lines and 4 KiB pages of code they lie
-in, and with --functions K the K functions with the most such lines.
+(`--dump-instr=yes --collect-jumps=yes`), its server natively, in a two-namespace lab over one
+veth cable (server on CPU 1, client on CPU 0), taken down at the end; once for 5 000 round
+trips and once for 25 000. Counts per round trip are the difference of the two runs over
+20 000 (start-up, warm-up and the end cancel out). An instruction is on the per-message path
+when it ran at least once every two round trips. Prints, per binary: those instructions, the
+distinct 64-byte cache lines and 4 KiB pages of code they lie in, the jumps taken and the
+calls made per round trip, and with --functions K the K functions with the most such lines.
 
 Why: between two messages the kernel's network path runs on the same CPU and evicts the
-engine's code from the first-level caches, so every message fetches its path's code again
-(docs/performance.md, issue 16, "Where one side's time goes now"). Builds that touch fewer
-lines were faster where instruction counts said nothing (fat LTO, PGO). Exact and repeatable,
-where wall-clock A/Bs on this project's 2-vCPU hosts resolve a few percent at best; judge a
-change by both. Needs valgrind.
+engine's code and branch history, so every message fetches its path again, and each jump
+taken or call made is a break in that fetch. The one build that was much faster, PGO, takes
+60 % fewer jumps and makes 60 % fewer calls per round trip; builds that only touched fewer
+lines were not faster (docs/performance.md, issue 16, "Code layout without a profile"). The
+counts include the waits' idle polls, which a faster path makes more of. Exact and
+repeatable, where wall-clock A/Bs on this project's 2-vCPU hosts resolve a few percent at
+best; judge a change by both. Needs valgrind.
 """
 
 import argparse
@@ -34,41 +37,59 @@ POSITION = re.compile(r"^(0x[0-9a-fA-F]+|[+-]\d+|\*)(?:\s+(\d+))?")
 NAMED = re.compile(r"c?fn=\((\d+)\)(?: (.*))?")
 
 
-def instruction_costs(path):
-    """Instructions executed per instruction address, and the function of each address, from a
-    callgrind output written with `--dump-instr=yes --dump-line=no`."""
-    costs = collections.Counter()
-    function_of = {}
-    names = {}
-    current = None
-    last = 0
-    call_cost_next = False
-    with open(path) as f:
-        for line in f:
-            named = NAMED.match(line)
-            if named:
-                if named.group(2):
-                    names[named.group(1)] = named.group(2).strip()
-                if line.startswith("fn="):
-                    current = names.get(named.group(1))
-                continue
-            if line.startswith("calls="):
-                # The next cost line is the call's inclusive cost, not this address's own.
-                call_cost_next = True
-                continue
-            pos = POSITION.match(line)
-            if not pos:
-                continue
-            a = pos.group(1)
-            addr = int(a, 16) if a.startswith("0x") else last if a == "*" else last + int(a)
-            last = addr
-            if call_cost_next:
-                call_cost_next = False
-                continue
-            if pos.group(2):
-                costs[addr] += int(pos.group(2))
-                function_of[addr] = current
-    return costs, function_of
+class Profile:
+    """What one callgrind run (`--dump-instr=yes --dump-line=no --collect-jumps=yes`) counted:
+    instructions per address, the function of each address, and per function the jumps
+    taken (unconditional ones and conditional ones followed) and the calls made."""
+
+    def __init__(self, path):
+        self.costs = collections.Counter()
+        self.function_of = {}
+        self.taken = collections.Counter()
+        self.calls = collections.Counter()
+        names = {}
+        current = None
+        last = 0
+        call_cost_next = False
+        with open(path) as f:
+            for line in f:
+                named = NAMED.match(line)
+                if named:
+                    if named.group(2):
+                        names[named.group(1)] = named.group(2).strip()
+                    if line.startswith("fn="):
+                        current = names.get(named.group(1))
+                    continue
+                if line.startswith("calls="):
+                    # The next cost line is the call's inclusive cost, not this address's own.
+                    self.calls[current] += int(line[6:].split()[0])
+                    call_cost_next = True
+                    continue
+                if line.startswith(("jump=", "jcnd=")):
+                    # "jcnd=FOLLOWED/EXECUTED TARGET": the target does not move `last`.
+                    self.taken[current] += int(line[5:].split("/")[0].split()[0])
+                    continue
+                pos = POSITION.match(line)
+                if not pos:
+                    continue
+                a = pos.group(1)
+                addr = int(a, 16) if a.startswith("0x") else last if a == "*" else last + int(a)
+                last = addr
+                if call_cost_next:
+                    call_cost_next = False
+                    continue
+                if pos.group(2):
+                    self.costs[addr] += int(pos.group(2))
+                    self.function_of[addr] = current
+
+
+def per_round_trip(short, long_):
+    """A count of a Profile per round trip: the difference of the short and the long run."""
+    return {k: (n - short.get(k, 0)) / ROUND_TRIPS_APART for k, n in long_.items()}
+
+
+SHORT_RUN = 5000
+ROUND_TRIPS_APART = 20000
 
 
 def lab_address(netns):
@@ -88,7 +109,7 @@ def client_under_callgrind(binary, lab, args, round_trips, out):
     time.sleep(0.3)
     subprocess.run(
         ["ip", "netns", "exec", client_ns, "taskset", "-c", "0", "valgrind",
-         "--tool=callgrind", "--dump-instr=yes", "--dump-line=no",
+         "--tool=callgrind", "--dump-instr=yes", "--dump-line=no", "--collect-jumps=yes",
          f"--callgrind-out-file={out}", binary] + common + [ip],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     server.wait(timeout=120)
@@ -111,22 +132,27 @@ def main():
         with tempfile.TemporaryDirectory() as work:
             for binary in binaries:
                 short, long_ = (os.path.join(work, f"{n}.out") for n in ("short", "long"))
-                client_under_callgrind(binary, lab, args, 5000, short)
-                client_under_callgrind(binary, lab, args, 25000, long_)
-                before, _ = instruction_costs(short)
-                after, function_of = instruction_costs(long_)
-                hot = [a for a, n in after.items() if (n - before.get(a, 0)) / 20000 >= 0.5]
+                client_under_callgrind(binary, lab, args, SHORT_RUN, short)
+                client_under_callgrind(binary, lab, args, SHORT_RUN + ROUND_TRIPS_APART, long_)
+                before, after = Profile(short), Profile(long_)
+                hot = [a for a, n in after.costs.items()
+                       if (n - before.costs.get(a, 0)) / ROUND_TRIPS_APART >= 0.5]
                 lines = {a >> 6 for a in hot}
                 pages = {a >> 12 for a in hot}
+                taken = per_round_trip(before.taken, after.taken)
+                calls = per_round_trip(before.calls, after.calls)
                 print(f"{binary}: {len(hot)} instructions in {len(lines)} lines "
-                      f"({len(lines) * 64} bytes) and {len(pages)} pages of code per round trip")
+                      f"({len(lines) * 64} bytes) and {len(pages)} pages of code, "
+                      f"{sum(taken.values()):.0f} jumps taken and {sum(calls.values()):.0f} "
+                      "calls per round trip")
                 if args.functions:
                     per = collections.defaultdict(set)
                     for a in hot:
-                        per[function_of.get(a) or "?"].add(a >> 6)
+                        per[after.function_of.get(a) or "?"].add(a >> 6)
                     for name, ls in sorted(per.items(), key=lambda kv: -len(kv[1]))[
                             :args.functions]:
-                        print(f"  {len(ls):4d} lines  {name[:110]}")
+                        print(f"  {len(ls):4d} lines {taken.get(name, 0):5.1f} jumps "
+                              f"{calls.get(name, 0):5.1f} calls  {(name or '?')[:100]}")
     finally:
         subprocess.run([binaries[0], "lab", "down", "--name", lab], stdout=subprocess.DEVNULL)
 
