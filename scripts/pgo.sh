@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Profile-guided release build of everything users run: the tbrdma CLI, the C API, the NCCL/RCCL
-# plugin, and the benchmarks that measure them (linkbench, collbench, pluginbench), into
-# target/pgo/release/ (PGO_TARGET_DIR moves it).
+# plugin, the libibverbs-compatible library, and the benchmarks that measure them (linkbench,
+# collbench, pluginbench), into target/pgo/release/ (PGO_TARGET_DIR moves it).
 #
 #   rustup component add llvm-tools      # once: llvm-profdata of this toolchain
-#   sudo scripts/pgo.sh                  # about 9 minutes on 2 cores (two fat-LTO builds)
+#   sudo scripts/pgo.sh                  # about 8 minutes on 2 cores (two fat-LTO builds)
 #   sudo target/pgo/release/linkbench    # the figures a release build gives
 #
 # Three steps. (1) An instrumented release build (-Cprofile-generate) in target/pgo/gen. (2) It
 # runs what users run, in a lab of two network namespaces joined by one veth cable (hence root),
 # taken down at the end: `tbrdma pingpong --paired-with floor` (WRITE and SEND, packet and
-# sockets engines, 8 B to 64 KiB, each beside its floor) and `tbrdma bw`; then, in labs of their own, collbench (`tbrdma allreduce` on two and
+# sockets engines, 8 B to 64 KiB, each beside its floor), `tbrdma bw`, and perftest's
+# `ib_write_lat` and `ib_send_lat` over the library when perftest is installed; then, in labs
+# of their own, collbench (`tbrdma allreduce` on two and
 # four ranks with its baselines), linkbench (every engine with its floors) and pluginbench (the
 # plugin between two processes). (3) The
 # counts, merged by llvm-profdata, steer the real build (-Cprofile-use): which branches fall
@@ -34,7 +36,7 @@ out=$(realpath -m "${PGO_TARGET_DIR:-target/pgo}")
 gen=$out/gen
 profiles=$out/profiles
 merged=$out/merged.profdata
-packages=(-p tbrdma-cli -p tbrdma-capi -p tbrdma-nccl -p tbrdma-benches)
+packages=(-p tbrdma-cli -p tbrdma-capi -p tbrdma-nccl -p tbrdma-ibverbs -p tbrdma-benches)
 base_flags=${RUSTFLAGS:-}
 
 echo "pgo.sh: 1/3 instrumented build in $gen" >&2
@@ -69,6 +71,23 @@ for engine in packet sockets; do
     done
 done
 pair bw --op write --size 1048576 --duration 1
+# The libibverbs-compatible library as perftest drives it (its default engine, sockets, and its
+# engine thread), when perftest is installed: without it the library is built unsteered.
+if command -v ib_write_lat >/dev/null; then
+    . scripts/lib/verbs-lab.sh
+    libdir=$(verbs_lib_dir "$bin/libibverbs.so")
+    for tool in ib_write_lat ib_send_lat; do
+        for size in 8 16384; do
+            port=$((port + 1))
+            verbs "tbl-$lab-r0" "$libdir" "$tool" -s "$size" -n 3000 -p "$port" >/dev/null 2>&1 &
+            wait_tcp_port "tbl-$lab-r0" "$port"
+            verbs "tbl-$lab-r1" "$libdir" "$tool" -s "$size" -n 3000 -p "$port" "$server" \
+                >/dev/null 2>&1 || true
+            wait || true
+        done
+    done
+    rm -rf "$libdir"
+fi
 "$bin/tbrdma" lab down --name "$lab" >/dev/null
 trap - EXIT
 # The benchmarks train the baselines they judge tbrdma against too (the UDP and raw-frame
