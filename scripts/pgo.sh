@@ -35,7 +35,6 @@ profdata=$sysroot/lib/rustlib/$host/bin/llvm-profdata
 out=$(realpath -m "${PGO_TARGET_DIR:-target/pgo}")
 gen=$out/gen
 profiles=$out/profiles
-merged=$out/merged.profdata
 packages=(-p tbrdma-cli -p tbrdma-capi -p tbrdma-nccl -p tbrdma-ibverbs -p tbrdma-benches)
 base_flags=${RUSTFLAGS:-}
 
@@ -100,7 +99,13 @@ trap - EXIT
 "$bin/pluginbench" --rounds 1 --iters 2000 >/dev/null || true
 
 echo "pgo.sh: 3/3 build steered by the profile into $out/release" >&2
-"$profdata" merge -o "$merged" "$profiles"
+rm -f "$out"/merged*.profdata
+"$profdata" merge -o "$out/merged.profdata" "$profiles"
+# Cargo sees the flag that names a profile, not the profile's contents: named by its hash, a new
+# profile rebuilds every crate (else a crate whose source did not change would keep the code an
+# older profile steered).
+merged=$out/merged-$(sha256sum "$out/merged.profdata" | cut -c1-16).profdata
+mv "$out/merged.profdata" "$merged"
 RUSTFLAGS="$base_flags -Cprofile-use=$merged -Cllvm-args=-pgo-warn-missing-function=false -Cllvm-args=-pgso=false" \
     CARGO_TARGET_DIR=$out cargo build --release --locked "${packages[@]}"
 echo "pgo.sh: done: $out/release (profile $merged)" >&2
