@@ -35,6 +35,9 @@ import time
 
 POSITION = re.compile(r"^(0x[0-9a-fA-F]+|[+-]\d+|\*)(?:\s+(\d+))?")
 NAMED = re.compile(r"c?fn=\((\d+)\)(?: (.*))?")
+# Round trips of the short run, and how many more the long one makes.
+SHORT_RUN = 5000
+ROUND_TRIPS_APART = 20000
 
 
 class Profile:
@@ -88,10 +91,6 @@ def per_round_trip(short, long_):
     return {k: (n - short.get(k, 0)) / ROUND_TRIPS_APART for k, n in long_.items()}
 
 
-SHORT_RUN = 5000
-ROUND_TRIPS_APART = 20000
-
-
 def lab_address(netns):
     out = subprocess.run(["ip", "-n", netns, "-4", "-o", "addr", "show", "scope", "global"],
                          capture_output=True, text=True, check=True).stdout
@@ -135,8 +134,8 @@ def main():
                 client_under_callgrind(binary, lab, args, SHORT_RUN, short)
                 client_under_callgrind(binary, lab, args, SHORT_RUN + ROUND_TRIPS_APART, long_)
                 before, after = Profile(short), Profile(long_)
-                hot = [a for a, n in after.costs.items()
-                       if (n - before.costs.get(a, 0)) / ROUND_TRIPS_APART >= 0.5]
+                runs = per_round_trip(before.costs, after.costs)
+                hot = [a for a, n in runs.items() if n >= 0.5]
                 lines = {a >> 6 for a in hot}
                 pages = {a >> 12 for a in hot}
                 taken = per_round_trip(before.taken, after.taken)

@@ -27,27 +27,27 @@ command -v "$tool" >/dev/null || { echo "ibverbs-ab.sh: $tool not found (apt-get
 
 lab=ibab$$
 dirs=()
+runs=$(mktemp)
 cleanup() {
     "$tbrdma" lab down --name "$lab" >/dev/null 2>&1 || true
-    rm -rf "${dirs[@]}"
+    rm -rf "${dirs[@]}" "$runs"
 }
 trap cleanup EXIT INT TERM
 for lib in "${libs[@]}"; do dirs+=("$(verbs_lib_dir "$lib")"); done
 "$tbrdma" lab up 2 --topology pair --name "$lab" >/dev/null
 server=$(ip -n "tbl-$lab-r0" -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -n 1)
 port=19600
-runs=$(mktemp)
-dirs+=("$runs")
 for round in $(seq "$rounds"); do
     order=$(seq 0 $((${#libs[@]} - 1)))
     ((round % 2)) || order=$(tac <<<"$order")
     for b in $order; do
         port=$((port + 1))
-        taskset -c 1 bash -c "$(declare -f verbs); verbs tbl-$lab-r0 ${dirs[b]} $tool -s $size -n $iters -p $port" \
+        verbs "tbl-$lab-r0" "${dirs[b]}" taskset -c 1 "$tool" -s "$size" -n "$iters" -p "$port" \
             >/dev/null 2>&1 &
         wait_tcp_port "tbl-$lab-r0" "$port"
         # perftest's result row: bytes, iterations, t_min, t_max, t_typical, t_avg, ...
-        figures=$(taskset -c 0 bash -c "$(declare -f verbs); verbs tbl-$lab-r1 ${dirs[b]} $tool -s $size -n $iters -p $port $server" 2>&1 |
+        figures=$(verbs "tbl-$lab-r1" "${dirs[b]}" taskset -c 0 "$tool" -s "$size" -n "$iters" \
+            -p "$port" "$server" 2>&1 |
             awk -v s="$size" -v n="$iters" '$1 == s && $2 == n && $3 ~ /^[0-9.]+$/ { print $5, $6; exit }')
         wait || true
         echo "$round $b ${figures:-failed}" | tee -a "$runs"
