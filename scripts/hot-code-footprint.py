@@ -50,10 +50,13 @@ class Profile:
         self.function_of = {}
         self.taken = collections.Counter()
         self.calls = collections.Counter()
+        # Jumps taken per address of the jump instruction.
+        self.jump_sites = collections.Counter()
         names = {}
         current = None
         last = 0
         call_cost_next = False
+        jump_taken = None
         with open(path) as f:
             for line in f:
                 named = NAMED.match(line)
@@ -70,7 +73,8 @@ class Profile:
                     continue
                 if line.startswith(("jump=", "jcnd=")):
                     # "jcnd=FOLLOWED/EXECUTED TARGET": the target does not move `last`.
-                    self.taken[current] += int(line[5:].split("/")[0].split()[0])
+                    jump_taken = int(line[5:].split("/")[0].split()[0])
+                    self.taken[current] += jump_taken
                     continue
                 pos = POSITION.match(line)
                 if not pos:
@@ -78,6 +82,10 @@ class Profile:
                 a = pos.group(1)
                 addr = int(a, 16) if a.startswith("0x") else last if a == "*" else last + int(a)
                 last = addr
+                if jump_taken is not None:
+                    # The position after a jump line is the jump instruction's own.
+                    self.jump_sites[addr] += jump_taken
+                    jump_taken = None
                 if call_cost_next:
                     call_cost_next = False
                     continue
@@ -89,6 +97,46 @@ class Profile:
 def per_round_trip(short, long_):
     """A count of a Profile per round trip: the difference of the short and the long run."""
     return {k: (n - short.get(k, 0)) / ROUND_TRIPS_APART for k, n in long_.items()}
+
+
+def load_base(binary, profile):
+    """Where valgrind loaded the (position-independent) binary: the offset that most of its
+    functions' lowest executed address has from the function's symbol."""
+    symbols = {}
+    out = subprocess.run(["nm", "-C", "--defined-only", binary], capture_output=True,
+                         text=True, check=True).stdout
+    for line in out.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3:
+            symbols.setdefault(parts[2], int(parts[0], 16))
+    lowest = {}
+    for addr, name in profile.function_of.items():
+        if name in symbols and addr < lowest.get(name, 1 << 64):
+            lowest[name] = addr
+    offsets = collections.Counter(a - symbols[n] for n, a in lowest.items())
+    return offsets.most_common(1)[0][0] if offsets else 0
+
+
+def print_jump_sites(binary, profile, sites, count):
+    """The `count` jump instructions taken most per round trip, each with the chain of source
+    lines it was inlined from (`addr2line -i`)."""
+    base = load_base(binary, profile)
+    top = sorted(((n, a) for a, n in sites.items() if n >= 0.5), reverse=True)[:count]
+    if not top:
+        return
+    # One addr2line per address: `-i` prints a chain of variable length and does not mark
+    # where one address's ends.
+    frames = []
+    for n, a in top:
+        lines = subprocess.run(["addr2line", "-i", "-f", "-C", "-e", binary, hex(a - base)],
+                               capture_output=True, text=True).stdout.splitlines()
+        pairs = list(zip(lines[0::2], lines[1::2]))
+        frames.append((n, a, pairs))
+    print(f"  jumps taken per round trip, by site (of {sum(sites.values()):.0f}):")
+    for n, a, pairs in frames:
+        where = " <- ".join(f"{os.path.basename(w.split(' ')[0])}" for _, w in pairs[:3])
+        func = pairs[-1][0][:60] if pairs else "?"
+        print(f"  {n:5.1f}  {hex(a - base)}  {where}  [{func}]")
 
 
 def lab_address(netns):
@@ -121,6 +169,9 @@ def main():
     parser.add_argument("--size", type=int, default=8)
     parser.add_argument("--op", default="write", choices=["write", "send"])
     parser.add_argument("--functions", type=int, default=0)
+    parser.add_argument("--jump-sites", type=int, default=0,
+                        help="print the K jump instructions taken most per round trip, with "
+                        "their source lines (innermost inlined frame first)")
     parser.add_argument("binaries", nargs="+")
     args = parser.parse_args()
     binaries = [os.path.realpath(b) for b in args.binaries]
@@ -152,6 +203,9 @@ def main():
                             :args.functions]:
                         print(f"  {len(ls):4d} lines {taken.get(name, 0):5.1f} jumps "
                               f"{calls.get(name, 0):5.1f} calls  {(name or '?')[:100]}")
+                if args.jump_sites:
+                    sites = per_round_trip(before.jump_sites, after.jump_sites)
+                    print_jump_sites(binary, after, sites, args.jump_sites)
     finally:
         subprocess.run([binaries[0], "lab", "down", "--name", lab], stdout=subprocess.DEVNULL)
 

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::time::{ClockId, clock_gettime};
 use tbrdma_proto::Time;
+use tbrdma_proto::hint::cold_path;
 
 use crate::config::{
     ASSISTED_BURST_LIMIT, ASSISTED_LINGER, ASSISTED_MAX_SLEEP, ASSISTED_POLL_WINDOW,
@@ -200,6 +201,7 @@ impl Shared {
         match self.state.lock() {
             Ok(state) => state,
             Err(poisoned) => {
+                cold_path();
                 // A panic that was not contained (see `failure.rs`) left the state
                 // half-changed: the engine fails rather than every later call panicking.
                 let mut state = poisoned.into_inner();

@@ -19,6 +19,7 @@ use std::sync::Arc;
 // inserts keys (queue pair numbers, region ids); a peer-supplied number is only looked up.
 use rustc_hash::FxHashMap as HashMap;
 use tbrdma_proto::connection::ConnectParams;
+use tbrdma_proto::hint::cold_path;
 use tbrdma_proto::memory::RegisterError;
 use tbrdma_proto::wire;
 use tbrdma_proto::{
@@ -871,23 +872,25 @@ impl State {
             });
         }
         // A revoked region no request names any more is forgotten (and so unpinned) now.
-        for key in unused {
-            if revoked.remove(&key) {
-                arenas[key.0].deregister(key.1);
-                region_users.remove(&key);
+        if !unused.is_empty() {
+            cold_path();
+            for key in unused {
+                if revoked.remove(&key) {
+                    arenas[key.0].deregister(key.1);
+                    region_users.remove(&key);
+                }
             }
         }
-        if landing
-            .as_ref()
-            .is_some_and(|l| !conns.contains_key(&l.qpn))
-        {
-            end_loan(landing, arenas, *landing_pd);
+        if let Some(l) = landing {
+            // (Only the sockets engine lends zones, and only to memory-polling receivers.)
+            cold_path();
+            if !conns.contains_key(&l.qpn) {
+                end_loan(landing, arenas, *landing_pd);
+            }
         }
-        for (rail, batch) in tx.iter_mut().enumerate() {
+        for (io, batch) in rails.iter_mut().zip(tx.iter_mut()) {
             if !batch.is_empty() {
-                stats.send_batches += 1;
-                stats.datagrams_sent += batch.len() as u64;
-                rails[rail].send(batch)?;
+                send_batch(io, batch, stats)?;
                 sent = true;
             }
         }
@@ -1036,17 +1039,16 @@ fn transmit(
     gather_from: usize,
 ) -> io::Result<bool> {
     let mut sent = false;
+    let (first, others) = tx.split_first_mut().expect("at least one rail");
     loop {
-        // Every batch needs a free buffer: the datagram's rail is known only after.
-        for (rail, batch) in tx.iter_mut().enumerate() {
-            if batch.is_full() {
-                stats.send_batches += 1;
-                stats.datagrams_sent += batch.len() as u64;
-                rails[rail].send(batch)?;
-                sent = true;
-            }
+        // The datagram is written into the first rail's batch and moved to its own rail's
+        // after (its rail is known only then): the first batch needs a free buffer now, the
+        // other's one before the move.
+        if first.is_full() {
+            cold_path();
+            send_batch(&mut rails[0], first, stats)?;
+            sent = true;
         }
-        let (first, others) = tx.split_first_mut().expect("at least one rail");
         let buf = first.next_buf().expect("a free buffer after sending");
         let Some(t) = slot.conn.poll_transmit_gather(now, buf, arena, gather_from) else {
             break;
@@ -1087,12 +1089,29 @@ fn transmit(
             part => {
                 first.commit_parts(head_len, slot.peers[path], part);
                 if path > 0 {
-                    first.move_last_to(&mut others[path - 1]);
+                    let other = &mut others[path - 1];
+                    if other.is_full() {
+                        cold_path();
+                        send_batch(&mut rails[path], other, stats)?;
+                        sent = true;
+                    }
+                    first.move_last_to(other);
                 }
             }
         }
     }
     Ok(sent)
+}
+
+/// Sends `batch`'s datagrams through `io` and counts them.
+fn send_batch(
+    io: &mut Box<dyn DatagramIo>,
+    batch: &mut TxBatch,
+    stats: &mut EngineStats,
+) -> io::Result<()> {
+    stats.send_batches += 1;
+    stats.datagrams_sent += batch.len() as u64;
+    io.send(batch)
 }
 
 /// Takes back the landing zone lent, if any, and stops watching it (its arena is `pd`'s).

@@ -43,6 +43,7 @@
 pub mod codec;
 pub mod config;
 pub mod connection;
+pub mod hint;
 pub mod memory;
 pub mod seq;
 pub mod time;

@@ -29,6 +29,7 @@ mod sq;
 mod timer;
 mod tx;
 
+use crate::hint::cold_path;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -605,20 +606,24 @@ impl Connection {
         let packet = match &decoded {
             Ok(packet) => packet,
             Err(wire::DecodeError::BadCrc) => {
+                cold_path();
                 self.stats.corrupted += 1;
                 return;
             }
             Err(_) => {
+                cold_path();
                 self.stats.malformed += 1;
                 return;
             }
         };
         let header = packet.header;
         if header.token != self.params.token || header.dest_qpn != self.params.local_qpn {
+            cold_path();
             self.stats.foreign += 1;
             return;
         }
         if self.data_digest && !header.data_digest() && header.opcode.carries_data() {
+            cold_path();
             // Both sides agreed on digests: a payload nothing vouches for is not placed.
             self.stats.corrupted += 1;
             return;
@@ -627,11 +632,13 @@ impl Connection {
         self.paths.mark_up(path, &mut self.timers);
         match self.state {
             ConnectionState::Connecting => {
+                cold_path();
                 self.handle_handshake(now, &packet.ext, header.data_digest())
             }
             ConnectionState::Established | ConnectionState::Draining => {
                 self.heard(now);
                 if let Ext::Connect(_) = packet.ext {
+                    cold_path();
                     // Our ACCEPT was lost: say it again.
                     if self.role == Role::Passive {
                         self.control.handshake = true;
@@ -642,6 +649,7 @@ impl Connection {
                     self.on_ack_psn(now, header.ack_psn);
                 }
                 if let Ext::Close { .. } = packet.ext {
+                    cold_path();
                     // What the peer acknowledged in its CLOSE did arrive: complete it before
                     // flushing the rest, so a peer that closes right after receiving our last
                     // WRITE does not turn that WRITE into an error.
@@ -662,6 +670,7 @@ impl Connection {
                 self.after_progress(now);
             }
             ConnectionState::Error | ConnectionState::Closed => {
+                cold_path();
                 // Tell a peer that still talks to us that we are gone, so it fails fast.
                 if !matches!(packet.ext, Ext::Close { .. }) {
                     self.control.close = true;
@@ -780,7 +789,10 @@ impl Connection {
     /// last sign of life or the last keep-alive sent.
     fn settle_timers(&mut self) {
         match self.state {
-            ConnectionState::Error | ConnectionState::Closed => self.timers.stop_all(),
+            ConnectionState::Error | ConnectionState::Closed => {
+                cold_path();
+                self.timers.stop_all()
+            }
             ConnectionState::Established
                 if !self.timers.is_set(Timer::Retransmit)
                     && !self.timers.is_set(Timer::RnrResume) =>
@@ -885,6 +897,7 @@ impl Connection {
         gather_from: usize,
     ) -> Option<(usize, Option<PayloadRef>)> {
         if self.control.handshake {
+            cold_path();
             self.control.handshake = false;
             let h = self.handshake_params();
             let ext = if self.role == Role::Active {
@@ -901,6 +914,7 @@ impl Connection {
             return Some((self.control_packet(buf, ext), None));
         }
         if self.control.close {
+            cold_path();
             self.control.close = false;
             return Some((self.control_packet(buf, Ext::Close { reason: 0 }), None));
         }
@@ -908,9 +922,11 @@ impl Connection {
             self.state,
             ConnectionState::Established | ConnectionState::Draining
         ) {
+            cold_path();
             return None;
         }
         if let Some(nak) = self.rx.take_nak() {
+            cold_path();
             return Some((self.control_packet(buf, nak), None));
         }
         if let Some(sent) = self.transmit_sequenced(now, buf, mem, gather_from) {
@@ -929,14 +945,17 @@ impl Connection {
             return Some((self.control_packet(buf, ext), None));
         }
         if self.tx.wants_credit_report() {
+            cold_path();
             // Held back by receive credit: the peer answers a keep-alive with an ACK at once.
             return Some((self.control_packet(buf, Ext::KeepAlive), None));
         }
         if let Some(path) = self.control.probe.take() {
+            cold_path();
             self.last_path = path;
             return Some((self.control_packet(buf, Ext::KeepAlive), None));
         }
         if self.control.keepalive {
+            cold_path();
             self.control.keepalive = false;
             return Some((self.control_packet(buf, Ext::KeepAlive), None));
         }

@@ -10,6 +10,7 @@
 //! What an accepted packet *does* (placement, execution, completions, refusals) is the
 //! responder's (`responder.rs`); when to acknowledge is the acknowledgement policy's (`ack.rs`).
 
+use crate::hint::cold_path;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -392,12 +393,16 @@ impl Connection {
                 psn,
                 code: NakCode::SequenceError,
                 ..
-            } => self.tx.on_sequence_nak(psn, &mut self.timers),
+            } => {
+                cold_path();
+                self.tx.on_sequence_nak(psn, &mut self.timers)
+            }
             Ext::Nak {
                 psn,
                 code: NakCode::ReceiverNotReady,
                 rnr_delay_us,
             } => {
+                cold_path();
                 // The peer chose it: never longer than our ceiling.
                 let delay =
                     Duration::from_micros(u64::from(rnr_delay_us)).min(self.config.max_rnr_delay);
@@ -431,6 +436,7 @@ impl Connection {
     /// made ready).
     fn on_sequenced<M: Memory + ?Sized>(&mut self, now: Time, arrival: &Arrival<'_>, mem: &mut M) {
         if self.state != ConnectionState::Established {
+            cold_path();
             // Draining: we refused a request; nothing after it is executed.
             return;
         }
@@ -438,16 +444,20 @@ impl Connection {
         let psn = packet.header.psn;
         let expected = self.rx.expected;
         if psn.before(expected) {
+            cold_path();
             self.stats.duplicates += 1;
             self.ack.ack_now();
             return;
         }
         if psn.distance_from(expected) >= self.config.window {
+            cold_path();
             self.stats.out_of_order_dropped += 1;
             return;
         }
         let segment = packet.ext.segment().copied();
         if !self.turn_of(psn, segment.as_ref()) {
+            // (Only on a link that loses or reorders.)
+            cold_path();
             if self.rx.stash(psn, segment, arrival.datagram, arrival.tail) {
                 self.stats.out_of_order_stashed += 1;
                 // SACK what is held, so the sender resends only the gap.
@@ -572,16 +582,19 @@ impl Connection {
         let len_ok = payload.len() as u64
             == (seg.msg_len - seg.offset.min(seg.msg_len)).min(u64::from(self.max_payload));
         if index >= npackets || !offset_ok || !len_ok {
+            cold_path();
             self.stats.malformed += 1;
             return false;
         }
         if psn.distance_from(self.rx.expected) >= self.config.window {
+            cold_path();
             // (The receive stream drops these first; the bitmap below relies on it.)
             self.stats.out_of_order_dropped += 1;
             return false;
         }
         if let Some(current) = &self.rx.current {
             if MessageClaims::of(packet, seg) != current.says {
+                cold_path();
                 self.stats.malformed += 1;
                 return false;
             }
@@ -614,6 +627,7 @@ impl Connection {
         // (The receive stream took only packets from `expected` on and inside the window.)
         let ahead = psn.distance_from(self.rx.expected) as usize;
         if psn.before(self.rx.expected) || self.rx.received.get(ahead).copied() == Some(true) {
+            cold_path();
             self.stats.duplicates += 1;
             self.ack.ack_now();
             return false;

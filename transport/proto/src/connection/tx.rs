@@ -15,6 +15,7 @@
 //! leaves the receiver nothing to NAK: without it, such a loss cost the whole retransmission
 //! timeout (1 ms, 20 ms on collectives' connections) on links whose round trip is 5-50 µs.
 
+use crate::hint::cold_path;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -385,22 +386,28 @@ impl TxStream {
     /// allow one.
     pub fn next_to_send(&mut self, now: Time, timers: &mut TimerTable) -> Option<Psn> {
         if let Some(until) = timers.get(Timer::RnrResume) {
+            cold_path();
             if now < until {
                 return None;
             }
             self.resume(timers);
         }
-        match self.frto {
-            // (Before it went, the oldest is where the timeout put the cursor.)
-            Some(Frto::Resent { sent: false, .. }) | None => {}
-            Some(Frto::Resent { sent: true, .. }) | Some(Frto::NewSent { budget: 0, .. }) => {
-                return None;
+        if let Some(frto) = &self.frto {
+            // (After a retransmission timeout only.)
+            cold_path();
+            match frto {
+                // (Before it went, the oldest is where the timeout put the cursor.)
+                Frto::Resent { sent: false, .. } => {}
+                Frto::Resent { sent: true, .. } | Frto::NewSent { budget: 0, .. } => {
+                    return None;
+                }
+                // Only new packets: the next acknowledgement tells whether the rest of the
+                // flight arrived.
+                Frto::NewSent { .. } => return self.next_new(),
             }
-            // Only new packets: the next acknowledgement tells whether the rest of the flight
-            // arrived.
-            Some(Frto::NewSent { .. }) => return self.next_new(),
         }
         if let Some(mut cursor) = self.rtx {
+            cold_path();
             if cursor.before(self.snd_una) {
                 cursor = self.snd_una;
             }
@@ -749,14 +756,19 @@ impl TxStream {
             self.messages.pop_front();
         }
         if self.frto.is_some() {
+            cold_path();
             self.frto_answer(ack, now);
         }
-        self.sacked.retain_mut(|(start, end)| {
-            if start.before(ack) {
-                *start = ack;
-            }
-            start.before(*end)
-        });
+        if !self.sacked.is_empty() {
+            // (Only after a loss.)
+            cold_path();
+            self.sacked.retain_mut(|(start, end)| {
+                if start.before(ack) {
+                    *start = ack;
+                }
+                start.before(*end)
+            });
+        }
         if let Some((probe, sent)) = self.rtt_probe {
             if probe.before(ack) {
                 self.sample_rtt(now.as_nanos().saturating_sub(sent.as_nanos()));
