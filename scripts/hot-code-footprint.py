@@ -3,7 +3,7 @@
 
     cargo build --release -p tbrdma-cli        # in each tree to compare
     sudo scripts/hot-code-footprint.py [--engine E] [--size N] [--op write|send]
-                                       [--functions K] TBRDMA [TBRDMA...]
+                                       [--functions K] [--jump-sites K] TBRDMA [TBRDMA...]
 
 For each `tbrdma` binary: the client of `tbrdma pingpong` runs under callgrind
 (`--dump-instr=yes --collect-jumps=yes`), its server natively, in a two-namespace lab over one
@@ -12,7 +12,10 @@ trips and once for 25 000. Counts per round trip are the difference of the two r
 20 000 (start-up, warm-up and the end cancel out). An instruction is on the per-message path
 when it ran at least once every two round trips. Prints, per binary: those instructions, the
 distinct 64-byte cache lines and 4 KiB pages of code they lie in, the jumps taken and the
-calls made per round trip, and with --functions K the K functions with the most such lines.
+calls made per round trip, and with --functions K the K functions with the most such lines;
+with --jump-sites K the K jump instructions taken most per round trip, each with the source
+lines it was inlined from (the places where a rare branch laid in line makes the common path
+jump: `tbrdma_proto::hint::cold_path` moves it out).
 
 Why: between two messages the kernel's network path runs on the same CPU and evicts the
 engine's code and branch history, so every message fetches its path again, and each jump
