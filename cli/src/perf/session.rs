@@ -242,14 +242,17 @@ impl Link {
     /// it is overdue (`CompletionQueue::poll`): a tool that works on each completion (`bw
     /// --verify` checks every SEND where it landed) keeps acknowledging what arrives meanwhile.
     pub fn next(&mut self) -> anyhow::Result<Option<WorkCompletion>> {
-        if self.backlog.is_empty() {
-            let n = self.cq.poll(&mut self.buf)?;
-            self.backlog.extend(self.buf[..n].iter().map(|c| c.wc));
+        // (A completion polled now is returned as it is, without passing through the backlog:
+        // this runs on every spin of every timed wait.)
+        let wc = match self.backlog.pop_front() {
+            Some(wc) => wc,
+            None if self.cq.poll(&mut self.buf)? == 0 => return Ok(None),
+            None => self.buf[0].wc,
+        };
+        if wc.status != WcStatus::Success {
+            return Err(failed(&wc));
         }
-        match self.backlog.pop_front() {
-            Some(wc) if wc.status != WcStatus::Success => Err(failed(&wc)),
-            other => Ok(other),
-        }
+        Ok(Some(wc))
     }
 
     /// Puts a completion back, to be returned first by the next [`Link::next`].
