@@ -881,12 +881,11 @@ impl State {
                 }
             }
         }
-        if let Some(l) = landing {
-            // (Only the sockets engine lends zones, and only to memory-polling receivers.)
-            cold_path();
-            if !conns.contains_key(&l.qpn) {
-                end_loan(landing, arenas, *landing_pd);
-            }
+        if landing
+            .as_ref()
+            .is_some_and(|l| !conns.contains_key(&l.qpn))
+        {
+            end_loan(landing, arenas, *landing_pd);
         }
         for (io, batch) in rails.iter_mut().zip(tx.iter_mut()) {
             if !batch.is_empty() {

@@ -29,13 +29,13 @@ mod sq;
 mod timer;
 mod tx;
 
-use crate::hint::cold_path;
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use thiserror::Error;
 
 use crate::config::Config;
+use crate::hint::cold_path;
 use crate::memory::{Access, Memory, RegionId};
 use crate::seq::Psn;
 use crate::time::Time;

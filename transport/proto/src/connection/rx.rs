@@ -10,13 +10,13 @@
 //! What an accepted packet *does* (placement, execution, completions, refusals) is the
 //! responder's (`responder.rs`); when to acknowledge is the acknowledgement policy's (`ack.rs`).
 
-use crate::hint::cold_path;
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::responder::InTarget;
 use super::tx::packets_for;
 use super::{Connection, ConnectionError, ConnectionState};
+use crate::hint::cold_path;
 use crate::memory::{Memory, RegionId};
 use crate::seq::Psn;
 use crate::time::Time;

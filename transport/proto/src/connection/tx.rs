@@ -15,7 +15,6 @@
 //! leaves the receiver nothing to NAK: without it, such a loss cost the whole retransmission
 //! timeout (1 ms, 20 ms on collectives' connections) on links whose round trip is 5-50 µs.
 
-use crate::hint::cold_path;
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -24,6 +23,7 @@ use super::credit::SendCredit;
 use super::sq::SqEntry;
 use super::timer::{Timer, TimerTable};
 use crate::config::Config;
+use crate::hint::cold_path;
 use crate::memory::{Memory, Placement};
 use crate::seq::Psn;
 use crate::time::{Time, nanos};
