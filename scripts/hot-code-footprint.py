@@ -194,17 +194,22 @@ def main():
                 pages = {a >> 12 for a in hot}
                 taken = per_round_trip(before.taken, after.taken)
                 calls = per_round_trip(before.calls, after.calls)
-                print(f"{binary}: {len(hot)} instructions in {len(lines)} lines "
+                print(f"{binary}: {sum(runs.values()):.0f} instructions run, {len(hot)} distinct "
+                      f"in {len(lines)} lines "
                       f"({len(lines) * 64} bytes) and {len(pages)} pages of code, "
                       f"{sum(taken.values()):.0f} jumps taken and {sum(calls.values()):.0f} "
                       "calls per round trip")
                 if args.functions:
                     per = collections.defaultdict(set)
+                    executed = collections.Counter()
                     for a in hot:
                         per[after.function_of.get(a) or "?"].add(a >> 6)
+                    for a, n in runs.items():
+                        executed[after.function_of.get(a) or "?"] += n
                     for name, ls in sorted(per.items(), key=lambda kv: -len(kv[1]))[
                             :args.functions]:
-                        print(f"  {len(ls):4d} lines {taken.get(name, 0):5.1f} jumps "
+                        print(f"  {len(ls):4d} lines {executed[name]:6.0f} run "
+                              f"{taken.get(name, 0):5.1f} jumps "
                               f"{calls.get(name, 0):5.1f} calls  {(name or '?')[:100]}")
                 if args.jump_sites:
                     sites = per_round_trip(before.jump_sites, after.jump_sites)
