@@ -153,7 +153,7 @@ pub(crate) struct State {
     /// One arena per protection domain.
     arenas: Vec<Arena>,
     /// Outstanding requests naming each region, per protection domain.
-    region_users: HashMap<(usize, RegionId), usize>,
+    region_users: RegionUsers,
     /// Regions whose keys were revoked while requests still named them: their bytes go when
     /// the last of those requests completes (or its queue pair goes).
     revoked: rustc_hash::FxHashSet<(usize, RegionId)>,
@@ -233,7 +233,7 @@ impl State {
     ) -> State {
         State {
             arenas: Vec::new(),
-            region_users: HashMap::default(),
+            region_users: RegionUsers::default(),
             revoked: Default::default(),
             conns: HashMap::default(),
             stats: EngineStats::default(),
@@ -528,10 +528,9 @@ impl State {
         let key = (pd.0, region);
         let arena = &mut self.arenas[pd.0];
         let _ = arena.table_mut().deregister(region);
-        match self.region_users.get(&key).copied().unwrap_or(0) {
+        match self.region_users.count(key) {
             0 => {
                 arena.deregister(region);
-                self.region_users.remove(&key);
                 Ok(())
             }
             users => {
@@ -817,15 +816,19 @@ impl State {
         let gather_from = *gather_from;
         for slot in conns.values_mut() {
             sent |= transmit(slot, &arenas[slot.pd], tx, rails, stats, now, gather_from)?;
-            routed += route_completions(
-                slot,
-                landing,
-                arenas,
-                *landing_pd,
-                region_users,
-                revoked,
-                &mut unused,
-            );
+            // (Checked here: the call's set-up alone cost some 30 instructions, and half the
+            // passes of a ping-pong have nothing to route.)
+            if slot.conn.has_completions_or_events() {
+                routed += route_completions(
+                    slot,
+                    landing,
+                    arenas,
+                    *landing_pd,
+                    region_users,
+                    revoked,
+                    &mut unused,
+                );
+            }
             if let Some(t) = slot.conn.poll_timeout() {
                 deadline = Some(deadline.map_or(t, |d| d.min(t)));
             }
@@ -877,7 +880,6 @@ impl State {
             for key in unused {
                 if revoked.remove(&key) {
                     arenas[key.0].deregister(key.1);
-                    region_users.remove(&key);
                 }
             }
         }
@@ -934,7 +936,6 @@ impl State {
         for key in unused {
             if revoked.remove(&key) {
                 arenas[key.0].deregister(key.1);
-                region_users.remove(&key);
             }
         }
         end_loan(landing, arenas, *landing_pd);
@@ -984,7 +985,7 @@ fn route_completions(
     landing: &mut Option<Landing>,
     arenas: &mut [Arena],
     landing_pd: usize,
-    region_users: &mut HashMap<(usize, RegionId), usize>,
+    region_users: &mut RegionUsers,
     revoked: &rustc_hash::FxHashSet<(usize, RegionId)>,
     unused: &mut Vec<(usize, RegionId)>,
 ) -> u64 {
@@ -1140,32 +1141,72 @@ fn region_of(arena: &Arena, local: Sge) -> Option<RegionId> {
 
 /// A request naming `region` was posted on `slot`'s `queue`: remember it in post order and
 /// count one more user of the region.
-fn record_post(
-    users: &mut HashMap<(usize, RegionId), usize>,
-    slot: &mut Slot,
-    queue: Queue,
-    region: Option<RegionId>,
-) {
+fn record_post(users: &mut RegionUsers, slot: &mut Slot, queue: Queue, region: Option<RegionId>) {
     match queue {
         Queue::Send => slot.sq_regions.push_back(region),
         Queue::Recv => slot.rq_regions.push_back(region),
     }
     if let Some(r) = region {
-        *users.entry((slot.pd, r)).or_default() += 1;
+        users.add((slot.pd, r));
     }
 }
 
 /// The oldest outstanding request of the queue whose posted regions are `posted` completed:
 /// its region has one user fewer. Returns the region when that was its last user.
 fn release_completed(
-    users: &mut HashMap<(usize, RegionId), usize>,
+    users: &mut RegionUsers,
     pd: usize,
     posted: &mut VecDeque<Option<RegionId>>,
 ) -> Option<(usize, RegionId)> {
     let region = posted.pop_front().flatten()?;
-    let n = users.get_mut(&(pd, region))?;
-    *n = n.saturating_sub(1);
-    (*n == 0).then_some((pd, region))
+    users.release((pd, region)).then_some((pd, region))
+}
+
+/// How many outstanding requests name each region: `counts[pd][region id]`. Indexed rather
+/// than hashed (it is touched twice per message, and a hash map's entry cost some 70
+/// instructions of a round trip): region ids are slots of their domain's table, never reused,
+/// so a count stays with its region; a deregistered region's stays at 0.
+#[derive(Debug, Default)]
+struct RegionUsers {
+    counts: Vec<Vec<usize>>,
+}
+
+impl RegionUsers {
+    fn add(&mut self, (pd, region): (usize, RegionId)) {
+        let at = region.0 as usize;
+        if self.counts.len() <= pd {
+            self.counts.resize_with(pd + 1, Vec::new);
+        }
+        let counts = &mut self.counts[pd];
+        if counts.len() <= at {
+            cold_path();
+            counts.resize(at + 1, 0);
+        }
+        counts[at] += 1;
+    }
+
+    /// One user fewer; whether that was the last.
+    fn release(&mut self, (pd, region): (usize, RegionId)) -> bool {
+        match self
+            .counts
+            .get_mut(pd)
+            .and_then(|c| c.get_mut(region.0 as usize))
+        {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                *n == 0
+            }
+            _ => false,
+        }
+    }
+
+    fn count(&self, (pd, region): (usize, RegionId)) -> usize {
+        self.counts
+            .get(pd)
+            .and_then(|c| c.get(region.0 as usize))
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 #[cfg(test)]
@@ -1206,6 +1247,22 @@ mod tests {
                 lkey: 0,
             },
         }
+    }
+
+    #[test]
+    fn a_region_is_unused_when_its_last_outstanding_request_completes() {
+        let mut users = RegionUsers::default();
+        let (a, b) = ((1, RegionId(3)), (0, RegionId(0)));
+        assert!(!users.release(a), "nothing was posted");
+        users.add(a);
+        users.add(a);
+        users.add(b);
+        assert_eq!((users.count(a), users.count(b)), (2, 1));
+        assert!(!users.release(a));
+        assert!(users.release(a), "its last user");
+        assert!(!users.release(a), "no count below zero");
+        assert_eq!((users.count(a), users.count(b)), (0, 1));
+        assert_eq!(users.count((5, RegionId(9))), 0);
     }
 
     #[test]

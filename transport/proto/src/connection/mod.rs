@@ -517,6 +517,12 @@ impl Connection {
         self.events.pop_front()
     }
 
+    /// Whether [`Self::poll_completion`] or [`Self::poll_event`] has something to return.
+    #[inline]
+    pub fn has_completions_or_events(&self) -> bool {
+        !self.completions.is_empty() || !self.events.is_empty()
+    }
+
     /// Processes one datagram received from the peer. Anything that does not decode, carries
     /// the wrong token or queue pair, or makes no sense in the current state is dropped and
     /// counted; nothing a peer sends can make this panic.
