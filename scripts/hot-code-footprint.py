@@ -3,7 +3,8 @@
 
     cargo build --release -p tbrdma-cli        # in each tree to compare
     sudo scripts/hot-code-footprint.py [--engine E] [--size N] [--op write|send]
-                                       [--functions K] [--jump-sites K] TBRDMA [TBRDMA...]
+                                       [--functions K] [--jump-sites K] [--data K]
+                                       TBRDMA [TBRDMA...]
 
 For each `tbrdma` binary: the client of `tbrdma pingpong` runs under callgrind
 (`--dump-instr=yes --collect-jumps=yes`), its server natively, in a two-namespace lab over one
@@ -15,7 +16,10 @@ distinct 64-byte cache lines and 4 KiB pages of code they lie in, the jumps take
 calls made per round trip, and with --functions K the K functions with the most such lines;
 with --jump-sites K the K jump instructions taken most per round trip, each with the source
 lines it was inlined from (the places where a rare branch laid in line makes the common path
-jump: `tbrdma_proto::hint::cold_path` moves it out).
+jump: `tbrdma_proto::hint::cold_path` moves it out); with --data K the data side too (a lackey
+trace of 1 200 round trips: distinct data lines and loads and stores per round trip, and the K
+functions that touch the most lines first in a round trip; about two minutes and 300 MB of
+temporary file).
 
 Why: between two messages the kernel's network path runs on the same CPU and evicts the
 engine's code and branch history, so every message fetches its path again, and each jump
@@ -28,6 +32,7 @@ best; judge a change by both. Needs valgrind.
 """
 
 import argparse
+import bisect
 import collections
 import os
 import re
@@ -142,6 +147,94 @@ def print_jump_sites(binary, profile, sites, count):
         print(f"  {n:5.1f}  {hex(a - base)}  {where}  [{func}]")
 
 
+# The data footprint: round trips of the lackey run, and the window of them counted.
+DATA_RUN = 1200
+DATA_WINDOW = range(600, 1100)
+# Addresses from here up are the main thread's stack, and a position-independent executable
+# is loaded at PIE_BASE (valgrind's fixed layout on amd64 Linux; lackey prints run-time
+# addresses, where callgrind's are the file's).
+STACK_FROM = 0x1FF0000000
+PIE_BASE = 0x108000
+# A round trip starts where the tool's client starts one.
+ROUND_TRIP_SYMBOL = "<tbrdma::perf::pingpong::Turns as tbrdma_floors::pairing::Pinger>::round_trip"
+
+
+def print_data_footprint(binary, lab, args, work, count):
+    """Data side: every load and store of the client for DATA_RUN round trips
+    (`valgrind --tool=lackey --trace-mem=yes`), cut into round trips where the tool's
+    `round_trip` starts. Prints the distinct 64-byte lines of data (stack and the rest) and the
+    memory accesses per round trip of DATA_WINDOW, and the `count` functions that touch the
+    most lines first in a round trip (first touches: after the kernel's path has run, those
+    are the ones that may miss)."""
+    symbols = []
+    out = subprocess.run(["nm", "-C", "--defined-only", binary], capture_output=True,
+                         text=True, check=True).stdout
+    for line in out.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[1] in "tTwW":
+            symbols.append((int(parts[0], 16) + PIE_BASE, parts[2]))
+    symbols.sort()
+    starts = [a for a, _ in symbols]
+    marks = [a for a, name in symbols if name == ROUND_TRIP_SYMBOL]
+    if not marks:
+        print(f"  no {ROUND_TRIP_SYMBOL} in {binary}: no data footprint")
+        return
+    trace = os.path.join(work, "lackey.txt")
+    client_under_valgrind(binary, lab, args, DATA_RUN,
+                          ["--tool=lackey", "--trace-mem=yes", f"--log-file={trace}"])
+
+    # The executable's code ends where its last section that holds code does.
+    sections = subprocess.run(["readelf", "-SW", binary], capture_output=True, text=True,
+                              check=True).stdout
+    code_end = PIE_BASE + max(
+        int(m.group(1), 16) + int(m.group(2), 16)
+        for m in re.finditer(r"PROGBITS\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)\s+\S+\s+\S*X",
+                             sections))
+
+    def function_at(addr):
+        if addr >= code_end:
+            return "(outside the executable: libc, the vDSO)"
+        i = bisect.bisect_right(starts, addr) - 1
+        return symbols[i][1] if i >= 0 else "?"
+
+    mark = f"I  {marks[0]:08x},"
+    round_trip, last_instruction = -1, 0
+    seen, first_touch, accesses = set(), collections.Counter(), 0
+    lines = collections.Counter()
+    with open(trace) as f:
+        for line in f:
+            if line.startswith(mark):
+                round_trip += 1
+                seen = set()
+                if round_trip >= DATA_WINDOW.stop:
+                    break
+                continue
+            if round_trip < DATA_WINDOW.start:
+                continue
+            kind = line[:2]
+            if kind == "I ":
+                last_instruction = int(line[3:line.index(",")], 16)
+            elif kind in (" L", " S", " M"):
+                addr = int(line[3:line.index(",")], 16)
+                accesses += 1
+                if addr >> 6 not in seen:
+                    seen.add(addr >> 6)
+                    where = "stack" if addr >= STACK_FROM else "heap and static"
+                    lines[where] += 1
+                    first_touch[(function_at(last_instruction), where)] += 1
+    os.remove(trace)
+    if round_trip < DATA_WINDOW.stop:
+        print(f"  the trace has {round_trip + 1} round trips, not {DATA_WINDOW.stop}: is the "
+              f"binary loaded at {PIE_BASE:#x}? no data footprint")
+        return
+    n = len(DATA_WINDOW)
+    print(f"  data per round trip: {sum(lines.values()) / n:.0f} lines "
+          f"({lines['stack'] / n:.0f} of stack, {lines['heap and static'] / n:.0f} heap and "
+          f"static), {accesses / n:.0f} loads and stores")
+    for (name, where), k in first_touch.most_common(count):
+        print(f"  {k / n:5.1f} {where:15s} {name[:100]}")
+
+
 def lab_address(netns):
     out = subprocess.run(["ip", "-n", netns, "-4", "-o", "addr", "show", "scope", "global"],
                          capture_output=True, text=True, check=True).stdout
@@ -149,6 +242,12 @@ def lab_address(netns):
 
 
 def client_under_callgrind(binary, lab, args, round_trips, out):
+    client_under_valgrind(binary, lab, args, round_trips,
+                          ["--tool=callgrind", "--dump-instr=yes", "--dump-line=no",
+                           "--collect-jumps=yes", f"--callgrind-out-file={out}"])
+
+
+def client_under_valgrind(binary, lab, args, round_trips, tool):
     server_ns, client_ns = f"tbl-{lab}-r0", f"tbl-{lab}-r1"
     ip = lab_address(server_ns)
     common = ["pingpong", "--engine", args.engine, "-s", str(args.size), "-n",
@@ -158,9 +257,8 @@ def client_under_callgrind(binary, lab, args, round_trips, out):
         + ["--bind", ip], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.3)
     subprocess.run(
-        ["ip", "netns", "exec", client_ns, "taskset", "-c", "0", "valgrind",
-         "--tool=callgrind", "--dump-instr=yes", "--dump-line=no", "--collect-jumps=yes",
-         f"--callgrind-out-file={out}", binary] + common + [ip],
+        ["ip", "netns", "exec", client_ns, "taskset", "-c", "0", "valgrind"] + tool
+        + [binary] + common + [ip],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
     server.wait(timeout=120)
 
@@ -175,6 +273,9 @@ def main():
     parser.add_argument("--jump-sites", type=int, default=0,
                         help="print the K jump instructions taken most per round trip, with "
                         "their source lines (innermost inlined frame first)")
+    parser.add_argument("--data", type=int, default=0,
+                        help="also trace the client's loads and stores (valgrind lackey): the "
+                        "data lines per round trip, and the K functions that touch most first")
     parser.add_argument("binaries", nargs="+")
     args = parser.parse_args()
     binaries = [os.path.realpath(b) for b in args.binaries]
@@ -214,6 +315,8 @@ def main():
                 if args.jump_sites:
                     sites = per_round_trip(before.jump_sites, after.jump_sites)
                     print_jump_sites(binary, after, sites, args.jump_sites)
+                if args.data:
+                    print_data_footprint(binary, lab, args, work, args.data)
     finally:
         subprocess.run([binaries[0], "lab", "down", "--name", lab], stdout=subprocess.DEVNULL)
 
