@@ -18,7 +18,7 @@ with --jump-sites K the K jump instructions taken most per round trip, each with
 lines it was inlined from (the places where a rare branch laid in line makes the common path
 jump: `tbrdma_proto::hint::cold_path` moves it out); with --data K the data side too (a lackey
 trace of 1 200 round trips: distinct data lines and loads and stores per round trip, and the K
-functions that touch the most lines first in a round trip; about two minutes and 300 MB of
+functions that touch the most lines first in a round trip; about a minute and 300 MB of
 temporary file).
 
 Why: between two messages the kernel's network path runs on the same CPU and evicts the
