@@ -431,8 +431,7 @@ impl Run<'_> {
     /// With `--verify`, writes the pattern of message `seq` into its source half, once the
     /// request that last sent from that half (`seq - 2`) has completed (so a retransmission of
     /// it never carries the new bytes). Outside the timed part.
-    // (Inlined, as `after_answer` is: without `--verify` a round trip then costs no call here.
-    // The tool's loop ran about 250 instructions per round trip more than linkbench's.)
+    // (Inlined, as `after_answer` is: without `--verify` a round trip makes no call here.)
     #[inline(always)]
     fn prepare(&mut self, size: usize, seq: u64) -> anyhow::Result<()> {
         if !self.verify || self.prepared == Some((seq, size)) {
