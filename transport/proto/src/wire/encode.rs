@@ -15,9 +15,10 @@ use crate::codec::{Put, SliceWriter, put_in};
 ///
 /// Castagnoli rather than the IEEE polynomial for its error detection on datagrams of up to
 /// 64 KiB (Hamming distance 4 over the whole length, where IEEE drops to 3 beyond ~11 KiB).
-/// Computed with crc-fast (carry-less multiplication folding, chosen at run time for the CPU),
-/// which measured 2.3-2.5× faster than the crc32c crate's SSE4.2 loop from 4 KiB up; see
-/// `docs/performance.md`.
+/// Long inputs go through crc-fast (carry-less multiplication folding, chosen at run time for
+/// the CPU), which measured 2.3-2.5× faster than the crc32c crate's SSE4.2 loop from 4 KiB up;
+/// short ones (every header) through the `crc32` instruction where they lie ([`SMALL_CRC`]);
+/// see `docs/performance.md`.
 pub fn crc_of(datagram: &[u8]) -> u32 {
     if datagram.len() <= SMALL_CRC {
         let covered =
@@ -27,20 +28,16 @@ pub fn crc_of(datagram: &[u8]) -> u32 {
     crc_of_parts(datagram, |_| {})
 }
 
-/// Up to this many covered bytes (every header, and small packets whole), the CRC is one
-/// call on a contiguous copy: a header is cut in two by the CRC field, and feeding crc-fast's
-/// digest two pieces cost twice what one piece does (callgrind, 8-byte ping-pong).
+/// Up to this many covered bytes (every header, and small packets whole), the CRC runs over
+/// the two pieces around the CRC field where they lie, with the CPU's `crc32` instruction
+/// (`tbrdma_crc`); beyond, crc-fast's folding digest is faster.
 const SMALL_CRC: usize = 256;
 
 /// CRC-32C of `bytes` (at most [`SMALL_CRC`] of them), skipping the CRC field.
 fn small_crc(bytes: &[u8]) -> u32 {
     let head = bytes.get(..CRC_RANGE.start).unwrap_or(bytes);
     let tail = bytes.get(CRC_RANGE.end..).unwrap_or(&[]);
-    let mut joined = [0u8; SMALL_CRC];
-    let len = (head.len() + tail.len()).min(SMALL_CRC);
-    joined[..head.len()].copy_from_slice(head);
-    joined[head.len()..len].copy_from_slice(&tail[..len - head.len()]);
-    crc_fast::crc32_iscsi(&joined[..len])
+    tbrdma_crc::crc32c_of_pieces(head, tail)
 }
 
 /// CRC-32C of a datagram sent in two parts: `header` (which may also hold some or all of the
