@@ -9,7 +9,7 @@
 //! that is about 165 instructions and 12 taken jumps instead of about 280 and 18 (callgrind,
 //! docs/performance.md). Same polynomial, same values.
 //!
-//! This crate holds the project's only `unsafe` for it, in [`sse42`]: the instruction is
+//! This crate holds the project's only `unsafe` for it, in the module `sse42`: the instruction is
 //! reached through `std::arch` intrinsics, which need the CPU feature checked at run time.
 //! Without SSE4.2 (or off x86-64) crc-fast computes the value.
 
