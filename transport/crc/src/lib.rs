@@ -13,14 +13,15 @@
 //! reached through `std::arch` intrinsics, which need the CPU feature checked at run time.
 //! Without SSE4.2 (or off x86-64) crc-fast computes the value.
 
+#![deny(unsafe_code)]
+
 /// CRC-32C of `head` followed by `tail` (the standard check value: initial value and final
 /// XOR all ones, reflected), as `crc_fast::checksum(CrcAlgorithm::Crc32Iscsi, head ++ tail)`.
 /// Made for short inputs; long ones are faster through crc-fast's digest.
 pub fn crc32c_of_pieces(head: &[u8], tail: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("sse4.2") {
-        // SAFETY: the CPU has SSE4.2 (checked just above), all `update` requires.
-        return !unsafe { sse42::update(sse42::update(!0, head), tail) };
+    if let Some(crc) = sse42::crc32c_of_pieces(head, tail) {
+        return crc;
     }
     let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
     digest.update(head);
@@ -33,6 +34,16 @@ pub fn crc32c_of_pieces(head: &[u8], tail: &[u8]) -> u32 {
 #[allow(unsafe_code)]
 mod sse42 {
     use std::arch::x86_64::{_mm_crc32_u8, _mm_crc32_u32, _mm_crc32_u64};
+
+    /// [`super::crc32c_of_pieces`] with the `crc32` instruction, or `None` when the CPU lacks
+    /// SSE4.2.
+    pub fn crc32c_of_pieces(head: &[u8], tail: &[u8]) -> Option<u32> {
+        if !std::is_x86_feature_detected!("sse4.2") {
+            return None;
+        }
+        // SAFETY: the CPU has SSE4.2 (checked just above), all `update` requires.
+        Some(!unsafe { update(update(!0, head), tail) })
+    }
 
     /// The CRC-32C register `crc` (not inverted) after `bytes`: eight bytes per instruction,
     /// then four, then one at a time (unaligned loads are fine on x86-64). (A loop over
