@@ -107,16 +107,23 @@ def per_round_trip(short, long_):
     return {k: (n - short.get(k, 0)) / ROUND_TRIPS_APART for k, n in long_.items()}
 
 
-def load_base(binary, profile):
-    """Where valgrind loaded the (position-independent) binary: the offset that most of its
-    functions' lowest executed address has from the function's symbol."""
-    symbols = {}
+def symbols_of(binary):
+    """The binary's defined symbols as (address in the file, nm's type letter, demangled
+    name)."""
     out = subprocess.run(["nm", "-C", "--defined-only", binary], capture_output=True,
                          text=True, check=True).stdout
     for line in out.splitlines():
         parts = line.split(" ", 2)
         if len(parts) == 3:
-            symbols.setdefault(parts[2], int(parts[0], 16))
+            yield int(parts[0], 16), parts[1], parts[2]
+
+
+def load_base(binary, profile):
+    """Where valgrind loaded the (position-independent) binary: the offset that most of its
+    functions' lowest executed address has from the function's symbol."""
+    symbols = {}
+    for addr, _, name in symbols_of(binary):
+        symbols.setdefault(name, addr)
     lowest = {}
     for addr, name in profile.function_of.items():
         if name in symbols and addr < lowest.get(name, 1 << 64):
@@ -166,14 +173,8 @@ def print_data_footprint(binary, lab, args, work, count):
     memory accesses per round trip of DATA_WINDOW, and the `count` functions that touch the
     most lines first in a round trip (first touches: after the kernel's path has run, those
     are the ones that may miss)."""
-    symbols = []
-    out = subprocess.run(["nm", "-C", "--defined-only", binary], capture_output=True,
-                         text=True, check=True).stdout
-    for line in out.splitlines():
-        parts = line.split(" ", 2)
-        if len(parts) == 3 and parts[1] in "tTwW":
-            symbols.append((int(parts[0], 16) + PIE_BASE, parts[2]))
-    symbols.sort()
+    symbols = sorted((addr + PIE_BASE, name) for addr, kind, name in symbols_of(binary)
+                     if kind in "tTwW")
     starts = [a for a, _ in symbols]
     marks = [a for a, name in symbols if name == ROUND_TRIP_SYMBOL]
     if not marks:
