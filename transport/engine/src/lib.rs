@@ -10,6 +10,7 @@
 //! which says so at the top.
 
 mod config;
+mod conn_table;
 pub mod cq;
 mod failure;
 pub mod io;

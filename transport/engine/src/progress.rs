@@ -38,7 +38,7 @@ use crate::config::{
 };
 use crate::failure::Failure;
 use crate::io::faults::{FaultPlan, FaultyIo};
-use crate::io::{DatagramIo, EngineKind, open as open_io};
+use crate::io::{EngineKind, Rails, open as open_io};
 use crate::keeper::Keeper;
 use crate::state::State;
 
@@ -49,7 +49,7 @@ pub(crate) struct Shared {
     /// The backends the application's threads use: in caller mode the only ones; in thread
     /// mode with [`EngineConfig::assist`] a second set over the same sockets (the engine
     /// thread owns the first); otherwise none.
-    io: Mutex<Option<Vec<Box<dyn DatagramIo>>>>,
+    io: Mutex<Option<Rails>>,
     wake: EventFd,
     sleeping: AtomicBool,
     stop: AtomicBool,
@@ -558,7 +558,7 @@ impl Shared {
     /// skip, returning false); without backends (thread mode, not assisted), returns false.
     fn with_rails(
         &self,
-        f: impl FnOnce(&mut State, &mut [Box<dyn DatagramIo>], Time) -> io::Result<bool>,
+        f: impl FnOnce(&mut State, &mut Rails, Time) -> io::Result<bool>,
     ) -> io::Result<bool> {
         let Ok(mut io) = self.io.try_lock() else {
             return Ok(false);
@@ -666,7 +666,7 @@ pub(crate) fn launch(
 
 /// Opens a backend on each rail's socket; returns them, the kind of the first and any
 /// fallback reason.
-type OpenedRails = (Vec<Box<dyn DatagramIo>>, EngineKind, Option<String>);
+type OpenedRails = (Rails, EngineKind, Option<String>);
 
 fn open_rails(
     config: &EngineConfig,
@@ -691,11 +691,11 @@ fn open_rails(
         rails.push(io);
     }
     let kind = rails[0].kind();
-    Ok((rails, kind, fallback))
+    Ok((Rails::new(rails), kind, fallback))
 }
 
 /// Thread mode: the engine thread's loop, until the engine stops.
-fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, config: EngineConfig) {
+fn engine_thread(shared: Arc<Shared>, mut rails: Rails, config: EngineConfig) {
     if let Some(cpu) = config.cpu {
         let mut set = nix::sched::CpuSet::new();
         if set.set(cpu).is_ok() {
@@ -778,7 +778,7 @@ fn engine_thread(shared: Arc<Shared>, mut rails: Vec<Box<dyn DatagramIo>>, confi
     }
 }
 
-fn run_locked(shared: &Shared, rails: &mut [Box<dyn DatagramIo>]) -> bool {
+fn run_locked(shared: &Shared, rails: &mut Rails) -> bool {
     let now = shared.now();
     let mut state = shared.lock_quiet();
     match shared

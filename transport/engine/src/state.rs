@@ -14,10 +14,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-// FxHash: these maps are looked up several times per datagram with small integer keys, which
-// SipHash (std's default, built against hash flooding) makes cost more. Only this process
-// inserts keys (queue pair numbers, region ids); a peer-supplied number is only looked up.
-use rustc_hash::FxHashMap as HashMap;
 use tbrdma_proto::connection::ConnectParams;
 use tbrdma_proto::hint::cold_path;
 use tbrdma_proto::memory::RegisterError;
@@ -27,8 +23,9 @@ use tbrdma_proto::{
     RegionId, SendWr, Sge, Stats, Time,
 };
 
+use crate::conn_table::ConnTable;
 use crate::cq::{Completion, CqShared};
-use crate::io::{DatagramIo, EngineKind, Expect, Landing, Received, RegionPart, TxBatch};
+use crate::io::{DatagramIo, EngineKind, Expect, Landing, Rails, Received, RegionPart, TxBatch};
 use crate::memory::{Arena, Buffer};
 
 /// Bytes in front of a send payload that a queue pair with send headroom (`QueuePair::set_send_headroom` in tbrdma-verbs) lets the
@@ -158,7 +155,7 @@ pub(crate) struct State {
     /// the last of those requests completes (or its queue pair goes).
     revoked: rustc_hash::FxHashSet<(usize, RegionId)>,
     /// Connections by local queue pair number.
-    conns: HashMap<u32, Slot>,
+    conns: ConnTable<Slot>,
     /// Counters.
     stats: EngineStats,
     next_qpn: u32,
@@ -178,6 +175,8 @@ pub(crate) struct State {
     /// Whom each rail's socket should be connected to (each backend knows whom it is, see
     /// `apply_bindings`).
     bindings: Vec<Binding>,
+    /// Counts the changes to `bindings`: a set of rails that applied this many is up to date.
+    bindings_version: u64,
     /// Payloads of at least this many bytes are sent from their region in place
     /// ([`crate::worker::EngineConfig::gather_threshold`]; `usize::MAX`: never).
     gather_from: usize,
@@ -235,7 +234,7 @@ impl State {
             arenas: Vec::new(),
             region_users: RegionUsers::default(),
             revoked: Default::default(),
-            conns: HashMap::default(),
+            conns: ConnTable::default(),
             stats: EngineStats::default(),
             next_qpn: first_qpn,
             tx: (0..rails).map(|_| TxBatch::new(32, max_datagram)).collect(),
@@ -245,6 +244,7 @@ impl State {
             dirty: false,
             any_detached: false,
             bindings: vec![Binding::Open; rails],
+            bindings_version: 0,
             gather_from,
             data_digest,
             landing: None,
@@ -479,6 +479,7 @@ impl State {
                 Binding::Peer(_) | Binding::Shared => Binding::Shared,
             };
         }
+        self.bindings_version += 1;
         let slot = Slot {
             conn,
             peers,
@@ -547,7 +548,14 @@ impl State {
     /// (connecting the socket again to the address it has is harmless). Until it catches up, a
     /// set that thinks the socket unconnected sends with the address, which a connected UDP
     /// socket accepts.
-    fn apply_bindings(&mut self, rails: &mut [Box<dyn DatagramIo>]) {
+    ///
+    /// A set that has applied the current [`Self::bindings_version`] has nothing to catch up
+    /// on: the test is one comparison per pass.
+    fn apply_bindings(&mut self, rails: &mut Rails) {
+        if rails.bindings_applied == Some(self.bindings_version) {
+            return;
+        }
+        cold_path();
         for (rail, binding) in self.bindings.iter_mut().enumerate() {
             let target = binding.target();
             if target == rails[rail].peer() {
@@ -557,8 +565,11 @@ impl State {
                 tracing::warn!("cannot associate rail {rail}'s socket with {target:?}: {e}");
                 *binding = Binding::Shared;
                 let _ = rails[rail].set_peer(None);
+                // (The other set, if any, has yet to disconnect its view of the socket.)
+                self.bindings_version += 1;
             }
         }
+        rails.bindings_applied = Some(self.bindings_version);
     }
 
     /// Completions handed to completion queues so far (a wrapping count: compare two readings).
@@ -654,11 +665,7 @@ impl State {
 
     /// Receives, handles deadlines, transmits and routes completions once. Returns whether
     /// anything happened.
-    pub(crate) fn run_once(
-        &mut self,
-        rails: &mut [Box<dyn DatagramIo>],
-        now: Time,
-    ) -> io::Result<bool> {
+    pub(crate) fn run_once(&mut self, rails: &mut Rails, now: Time) -> io::Result<bool> {
         if self.landing.is_none() && (self.receive_landing_stale || self.dirty) {
             self.find_receive_landing(rails);
         }
@@ -756,7 +763,7 @@ impl State {
         {
             return;
         }
-        for (&qpn, slot) in &self.conns {
+        for (qpn, slot) in self.conns.iter() {
             if slot.detached {
                 continue;
             }
@@ -788,11 +795,7 @@ impl State {
 
     /// Transmits whatever the connections have to send and routes their completions and
     /// events. Returns whether a datagram went out.
-    pub(crate) fn flush(
-        &mut self,
-        rails: &mut [Box<dyn DatagramIo>],
-        now: Time,
-    ) -> io::Result<bool> {
+    pub(crate) fn flush(&mut self, rails: &mut Rails, now: Time) -> io::Result<bool> {
         self.dirty = false;
         self.apply_bindings(rails);
         let mut sent = false;
@@ -873,6 +876,13 @@ impl State {
                 }
                 false
             });
+            // (A zone is lent only to a queue pair in the table, and this is where they leave.)
+            if landing
+                .as_ref()
+                .is_some_and(|l| !conns.contains_key(&l.qpn))
+            {
+                end_loan(landing, arenas, *landing_pd);
+            }
         }
         // A revoked region no request names any more is forgotten (and so unpinned) now.
         if !unused.is_empty() {
@@ -882,12 +892,6 @@ impl State {
                     arenas[key.0].deregister(key.1);
                 }
             }
-        }
-        if landing
-            .as_ref()
-            .is_some_and(|l| !conns.contains_key(&l.qpn))
-        {
-            end_loan(landing, arenas, *landing_pd);
         }
         for (io, batch) in rails.iter_mut().zip(tx.iter_mut()) {
             if !batch.is_empty() {
@@ -956,7 +960,7 @@ const RECEIVE_LANDING_MIN: usize = 8 * 1024;
 /// Hands one packet (`packet`, received on `rail` from `from`) to the connection its header
 /// names, if that connection's peer on the rail is the sender; counts it as foreign otherwise.
 fn deliver_packet(
-    conns: &mut HashMap<u32, Slot>,
+    conns: &mut ConnTable<Slot>,
     arenas: &mut [Arena],
     stats: &mut EngineStats,
     rail: usize,

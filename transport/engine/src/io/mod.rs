@@ -498,6 +498,38 @@ pub trait DatagramIo: Send + std::fmt::Debug {
     fn peer(&self) -> Option<SocketAddr>;
 }
 
+/// One set of backends, one per rail, as a transmit pass uses them, with the last change of
+/// the state's wanted socket associations this set has applied (`State::apply_bindings`: a
+/// pass compares one number instead of every rail's association).
+#[derive(Debug)]
+pub(crate) struct Rails {
+    ios: Vec<Box<dyn DatagramIo>>,
+    /// The `State::bindings_version` this set last brought its sockets to; `None`: never.
+    pub(crate) bindings_applied: Option<u64>,
+}
+
+impl Rails {
+    pub(crate) fn new(ios: Vec<Box<dyn DatagramIo>>) -> Rails {
+        Rails {
+            ios,
+            bindings_applied: None,
+        }
+    }
+}
+
+impl std::ops::Deref for Rails {
+    type Target = [Box<dyn DatagramIo>];
+    fn deref(&self) -> &Self::Target {
+        &self.ios
+    }
+}
+
+impl std::ops::DerefMut for Rails {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.ios
+    }
+}
+
 /// Opens the backend `preferred` on `socket`; io_uring falls back to sockets when the kernel
 /// lacks it or denies it. Returns the backend and, on fallback, the reason.
 ///
