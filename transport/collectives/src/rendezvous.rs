@@ -130,8 +130,10 @@ fn line(reader: &mut impl BufRead) -> std::result::Result<String, String> {
 /// Parses an announcement, whatever the peer sends: bounded lines and count, checked names.
 pub(crate) fn decode(reader: &mut impl BufRead) -> std::result::Result<Announce, String> {
     let head = line(reader)?;
+    // (The version must end where the magic does: "… 12 …" is version 12, not 1 and 2.)
     let rest = head
         .strip_prefix(MAGIC)
+        .filter(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
         .ok_or("not a tbrdma rendezvous client (or another version)")?;
     let mut f = rest.split_whitespace();
     let mut num = || -> std::result::Result<usize, String> {
@@ -591,6 +593,15 @@ mod tests {
         assert!(decode(&mut text.as_bytes()).is_err());
         let text = "tbrdma-rendezvous 1 2 1 a/b\nend\n";
         assert!(decode(&mut text.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn another_version_is_refused_even_when_it_begins_with_this_ones_digits() {
+        let text = "tbrdma-rendezvous 12 2 h\nend\n";
+        let e = decode(&mut text.as_bytes()).unwrap_err();
+        assert!(e.contains("another version"), "{e}");
+        let text = "tbrdma-rendezvous 1 2 1 h\nend\n";
+        assert_eq!(decode(&mut text.as_bytes()).unwrap().world, 2);
     }
 
     fn free_port() -> u16 {
