@@ -1045,6 +1045,11 @@ fn transmit(
     let mut sent = false;
     let (first, others) = tx.split_first_mut().expect("at least one rail");
     loop {
+        // Most passes end with a poll that finds nothing (after the datagram a post made, or
+        // after a receive whose ACK waits for the reply): a few flags tell so for less.
+        if slot.conn.nothing_to_transmit(now) {
+            break;
+        }
         // The datagram is written into the first rail's batch and moved to its own rail's
         // after (its rail is known only then): the first batch needs a free buffer now, the
         // other's one before the move.

@@ -352,6 +352,11 @@ impl RxStream {
         });
     }
 
+    /// Whether a NAK waits to be sent ([`Self::take_nak`] would return one).
+    pub fn has_pending_nak(&self) -> bool {
+        self.pending_nak.is_some()
+    }
+
     pub fn take_nak(&mut self) -> Option<Ext> {
         self.pending_nak.take()
     }

@@ -423,6 +423,16 @@ impl TxStream {
         self.next_new()
     }
 
+    /// Whether [`Self::next_to_send`] (and [`Self::wants_credit_report`]) would certainly find
+    /// nothing: no receiver-not-ready pause to end, no F-RTO or retransmission under way, every
+    /// packet of the stream sent once.
+    pub fn nothing_to_send(&self, timers: &TimerTable) -> bool {
+        !self.next_send.before(self.next_psn)
+            && self.rtx.is_none()
+            && self.frto.is_none()
+            && !timers.is_set(Timer::RnrResume)
+    }
+
     /// The next packet never sent, if the window and the receive credit let it go.
     fn next_new(&self) -> Option<Psn> {
         let in_flight = self.next_send.distance_from(self.snd_una);

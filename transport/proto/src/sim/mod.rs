@@ -253,9 +253,14 @@ impl Pair {
             } else {
                 (&mut self.b, &mut self.links)
             };
-            while let Some((len, path)) =
-                from.conn.poll_transmit_path(now, &mut from.buf, &from.mem)
-            {
+            loop {
+                // (Every simulated poll checks what engines skip polls on.)
+                let idle = from.conn.nothing_to_transmit(now);
+                let Some((len, path)) = from.conn.poll_transmit_path(now, &mut from.buf, &from.mem)
+                else {
+                    break;
+                };
+                assert!(!idle, "nothing_to_transmit was true, yet a datagram came");
                 links[path].send(now, to_b, &from.buf[..len]);
                 progressed = true;
                 self.sent_last_step = true;
@@ -348,9 +353,13 @@ impl Pair {
         for to_b in [true, false] {
             let now = self.now;
             let from = if to_b { &mut self.a } else { &mut self.b };
-            while let Some((len, path)) =
-                from.conn.poll_transmit_path(now, &mut from.buf, &from.mem)
-            {
+            loop {
+                let idle = from.conn.nothing_to_transmit(now);
+                let Some((len, path)) = from.conn.poll_transmit_path(now, &mut from.buf, &from.mem)
+                else {
+                    break;
+                };
+                assert!(!idle, "nothing_to_transmit was true, yet a datagram came");
                 self.links[path].send(now, to_b, &from.buf[..len]);
             }
         }
