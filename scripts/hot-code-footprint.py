@@ -4,6 +4,7 @@
     cargo build --release -p tbrdma-cli        # in each tree to compare
     sudo scripts/hot-code-footprint.py [--engine E] [--size N] [--op write|send]
                                        [--functions K] [--jump-sites K] [--data K]
+                                       [--layers]
                                        TBRDMA [TBRDMA...]
 
 For each `tbrdma` binary: the client of `tbrdma pingpong` runs under callgrind
@@ -19,7 +20,9 @@ lines it was inlined from (the places where a rare branch laid in line makes the
 jump: `tbrdma_proto::hint::cold_path` moves it out); with --data K the data side too (a lackey
 trace of 1 200 round trips: distinct data lines and loads and stores per round trip, and the K
 functions that touch the most lines first in a round trip; about a minute and 300 MB of
-temporary file).
+temporary file); with --layers the instructions, jumps and calls summed by layer (tool,
+verbs, the engine's backends, the rest of the engine, the protocol, std and libc), each
+function counted in the layer of its own path, with whatever was inlined into it.
 
 Why: between two messages the kernel's network path runs on the same CPU and evicts the
 engine's code and branch history, so every message fetches its path again, and each jump
@@ -154,6 +157,40 @@ def print_jump_sites(binary, profile, sites, count):
         print(f"  {n:5.1f}  {hex(a - base)}  {where}  [{func}]")
 
 
+# Layers by the path of the function that holds the code (code inlined into a function of
+# another layer counts there: `state::transmit` holds much of the protocol's transmit path).
+LAYERS = [
+    ("tool (pingpong, floors)", ("tbrdma::", "<tbrdma::", "tbrdma_floors::", "<tbrdma_floors::")),
+    ("verbs", ("tbrdma_verbs::", "<tbrdma_verbs::")),
+    ("engine: backends", ("tbrdma_engine::io::", "<tbrdma_engine::io::")),
+    ("engine: state, progress", ("tbrdma_engine::", "<tbrdma_engine::")),
+    ("protocol (and CRC)", ("tbrdma_proto::", "<tbrdma_proto::", "tbrdma_crc::")),
+]
+
+
+def layer_of(function):
+    for name, prefixes in LAYERS:
+        if function and function.startswith(prefixes):
+            return name
+    return "std, libc, vDSO"
+
+
+def print_layers(runs, taken, calls, function_of):
+    """Instructions run, jumps taken and calls made per round trip, summed by layer."""
+    executed = collections.Counter()
+    for a, n in runs.items():
+        executed[layer_of(function_of.get(a))] += n
+    jumps, made = collections.Counter(), collections.Counter()
+    for f, n in taken.items():
+        jumps[layer_of(f)] += n
+    for f, n in calls.items():
+        made[layer_of(f)] += n
+    print("  by layer, per round trip:")
+    for name in [n for n, _ in LAYERS] + ["std, libc, vDSO"]:
+        print(f"    {executed[name]:6.0f} run {jumps[name]:6.1f} jumps {made[name]:5.1f} calls  "
+              f"{name}")
+
+
 # The data footprint: round trips of the lackey run, and the window of them counted.
 DATA_RUN = 1200
 DATA_WINDOW = range(600, 1100)
@@ -277,6 +314,9 @@ def main():
     parser.add_argument("--data", type=int, default=0,
                         help="also trace the client's loads and stores (valgrind lackey): the "
                         "data lines per round trip, and the K functions that touch most first")
+    parser.add_argument("--layers", action="store_true",
+                        help="also print instructions, jumps and calls per round trip by "
+                        "layer (tool, verbs, engine, backends, protocol, std and libc)")
     parser.add_argument("binaries", nargs="+")
     args = parser.parse_args()
     binaries = [os.path.realpath(b) for b in args.binaries]
@@ -313,6 +353,8 @@ def main():
                         print(f"  {len(ls):4d} lines {executed[name]:6.0f} run "
                               f"{taken.get(name, 0):5.1f} jumps "
                               f"{calls.get(name, 0):5.1f} calls  {(name or '?')[:100]}")
+                if args.layers:
+                    print_layers(runs, taken, calls, after.function_of)
                 if args.jump_sites:
                     sites = per_round_trip(before.jump_sites, after.jump_sites)
                     print_jump_sites(binary, after, sites, args.jump_sites)
