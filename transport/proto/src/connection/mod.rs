@@ -526,10 +526,14 @@ impl Connection {
     #[inline]
     pub fn nothing_to_transmit(&self, now: Time) -> bool {
         let control = &self.control;
-        !(control.handshake || control.close || control.keepalive || control.probe.is_some())
-            && !self.rx.has_pending_nak()
+        let control_waits = control.handshake
+            || control.close
+            || control.keepalive
+            || control.probe.is_some()
+            || self.rx.has_pending_nak();
+        !control_waits
             && self.tx.nothing_to_send(&self.timers)
-            && !(self.ack.is_pending() && !self.ack.waits_at(now, &self.timers))
+            && (!self.ack.is_pending() || self.ack.waits_at(now, &self.timers))
     }
 
     /// Whether [`Self::poll_completion`] or [`Self::poll_event`] has something to return.
