@@ -522,7 +522,8 @@ impl Connection {
     /// outgoing stream and no receiver-not-ready pause to end, no acknowledgement due. A
     /// driver tests this before the polls that usually find nothing (the one after each
     /// datagram, the one after a receive whose ACK is held), which cost several times as much.
-    /// False whenever unsure: a poll is then always correct.
+    /// False whenever unsure: a poll is then always correct. Every poll checks the claim in
+    /// builds with debug assertions.
     #[inline]
     pub fn nothing_to_transmit(&self, now: Time) -> bool {
         let control = &self.control;
@@ -899,9 +900,16 @@ impl Connection {
         mem: &M,
         gather_from: usize,
     ) -> Option<Transmit> {
+        // Engines skip the poll when this says so: every poll of a build with debug assertions
+        // (the tests, the simulator, the fuzz targets) checks the claim.
+        let claimed_idle = cfg!(debug_assertions) && self.nothing_to_transmit(now);
         self.last_path = self.paths.primary();
         let next = self.next_datagram(now, buf, mem, gather_from);
         self.settle_timers();
+        debug_assert!(
+            !(claimed_idle && next.is_some()),
+            "nothing_to_transmit was true, yet a datagram came"
+        );
         let (len, payload) = next?;
         self.stats.packets_sent += 1;
         if let Some(sent) = self.paths.sent.get_mut(self.last_path) {
