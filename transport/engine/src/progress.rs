@@ -28,7 +28,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use nix::time::{ClockId, clock_gettime};
 use tbrdma_proto::Time;
 use tbrdma_proto::hint::cold_path;
 
@@ -53,8 +52,9 @@ pub(crate) struct Shared {
     wake: EventFd,
     sleeping: AtomicBool,
     stop: AtomicBool,
-    /// The monotonic clock's reading at the start, in nanoseconds: engine time is counted
-    /// from it ([`Self::now`]).
+    /// The engine's clock (see [`engine_clock`]) and its raw reading at the start: engine
+    /// time is counted from it ([`Self::now`]).
+    clock: quanta::Clock,
     epoch: u64,
     /// Who drives the loop.
     progress: Progress,
@@ -96,13 +96,16 @@ pub(crate) struct Shared {
 impl Shared {
     /// Shares `state` for an engine run as `config` says.
     pub(crate) fn new(state: State, config: &EngineConfig) -> io::Result<Shared> {
+        let clock = engine_clock();
+        let epoch = clock.raw();
         Ok(Shared {
             state: Mutex::new(state),
             io: Mutex::new(None),
             wake: EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?,
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
-            epoch: monotonic_nanos(),
+            clock,
+            epoch,
             progress: config.progress,
             keeper: Keeper::new(
                 config.progress == Progress::Caller,
@@ -175,7 +178,8 @@ impl Shared {
 
     /// The current engine time.
     pub(crate) fn now(&self) -> Time {
-        Time(monotonic_nanos().saturating_sub(self.epoch))
+        // (0 while the counter reads behind the start, as another CPU's might by a little.)
+        Time(self.clock.delta_as_nanos(self.epoch, self.clock.raw()))
     }
 
     /// Locks the shared state (registrations, connection setup, statistics).
@@ -584,16 +588,18 @@ impl Shared {
     }
 }
 
-/// The monotonic clock (the one `Instant` reads), in nanoseconds. Read about three times per
-/// round trip of a ping-pong: `Instant::elapsed`'s normalising subtraction and `Duration`'s
-/// 128-bit conversion cost some 70 instructions more per read.
-fn monotonic_nanos() -> u64 {
-    // As `Instant::now` does, a clock that cannot be read is taken as a broken system.
-    let now = clock_gettime(ClockId::CLOCK_MONOTONIC).expect("the monotonic clock reads");
-    // (Neither field is negative on this clock.)
-    (now.tv_sec() as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(now.tv_nsec() as u64)
+/// The clock engine time is read from, shared by every engine of the process: the CPU's
+/// time-stamp counter scaled to nanoseconds, where the CPU says it is invariant (quanta checks
+/// CPUID and calibrates it once against the monotonic clock, in about 0.6 ms), otherwise the
+/// monotonic clock itself. The engine reads it on every pass of its loop and two or three times
+/// more per message and side (the post, the completion queue's overdue check): on this
+/// project's VMs a read costs 11-12 ns against 36-37 ns for `clock_gettime`, whose vDSO code
+/// orders the counter's read with a fence and converts under a sequence lock
+/// (docs/performance.md, stop 48). Engine time only ever meets engine time (deadlines, the
+/// keeper's bookkeeping); waits take durations.
+fn engine_clock() -> quanta::Clock {
+    static CLOCK: std::sync::OnceLock<quanta::Clock> = std::sync::OnceLock::new();
+    CLOCK.get_or_init(quanta::Clock::new).clone()
 }
 
 /// What [`launch`] started: the backend kind of rail 0, why the preferred one was not used (if
