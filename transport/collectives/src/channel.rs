@@ -174,7 +174,7 @@ impl Channel {
         };
         ch.post_recvs(recv_depth)?;
         ch.qp.set_send_headroom(true)?;
-        ch.lends = ch.engine_kind() == tbrdma_verbs::EngineKind::Sockets;
+        ch.lends = ch.qp.lends_zones(ch.slot_bytes);
         ch.lend_next_slot();
         Ok(ch)
     }

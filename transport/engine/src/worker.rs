@@ -347,11 +347,10 @@ impl Engine {
     /// # Panics
     /// If the zone, with its header room, does not lie in `zone.buffer`.
     pub fn expect_write(&self, qpn: u32, zone: WriteZone, seen: u64) -> Option<bool> {
-        if self.kind != EngineKind::Sockets || zone.len < LANDING_MIN {
-            // Only the sockets backend receives into a zone, and a short payload is copied
-            // faster than a loan is set up and watched. Refused, so that a memory-polling
-            // application (`lending()`) does not pay for a zone that saves nothing. (A refusal
-            // changes nothing the loop sends: the state is locked only to read.)
+        if !self.lends_zones(zone.len) {
+            // Refused, so that a memory-polling application (`lending()`) does not pay for a
+            // zone that saves nothing. (A refusal changes nothing the loop sends: the state is
+            // locked only to read.)
             return self
                 .shared
                 .lock_to_read()
@@ -365,6 +364,15 @@ impl Engine {
             self.may_lend.store(true, Ordering::Release);
         }
         granted
+    }
+
+    /// Whether [`Self::expect_write`] may grant a zone of `len` bytes: only the sockets backend
+    /// receives into a zone, and a payload under [`LANDING_MIN`] bytes is copied faster than a
+    /// loan is set up and watched. Where this is false every loan is refused, and an
+    /// application that would lend a zone before every message can skip the call (a lock of
+    /// the state and the region's reference count taken and dropped, for nothing).
+    pub fn lends_zones(&self, len: usize) -> bool {
+        self.kind == EngineKind::Sockets && len >= LANDING_MIN
     }
 
     /// Whether queue pair `qpn` still has the landing zone of its last

@@ -126,6 +126,15 @@ impl QueuePair {
             .ok_or_else(|| self.closed())
     }
 
+    /// Whether [`Self::expect_write`] may lend a zone of `len` bytes on this device: false for
+    /// every engine but sockets, and for a zone under [`crate::LANDING_MIN`] bytes, whose loans
+    /// it always refuses. An application that lends before every message (a memory-polling
+    /// ping-pong) asks once and skips the loans that would be refused: each costs a lock of the
+    /// engine's state.
+    pub fn lends_zones(&self, len: usize) -> bool {
+        self.device.inner.engine.lends_zones(len)
+    }
+
     /// Whether the landing zone of this queue pair's last [`Self::expect_write`] is still
     /// lent to the engine. It stops being lent when the expected write's first datagram has
     /// been placed there (the write is then complete, or its later datagrams are placed as

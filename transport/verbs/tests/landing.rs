@@ -140,6 +140,11 @@ fn a_memory_polling_receiver_reads_the_zone_once_the_loan_has_ended() {
         p.src.write(0, &data);
         // Under LANDING_MIN the loan is refused and the write is copied as usual.
         let lent = len >= LANDING_MIN;
+        assert_eq!(
+            qp.lends_zones(len),
+            lent,
+            "lends_zones says what the loan will be"
+        );
         assert_eq!(qp.expect_write(&p.target, 4096, len, 0).unwrap(), lent);
         assert_eq!(qp.lending(), lent, "lent until the write comes");
         p.client

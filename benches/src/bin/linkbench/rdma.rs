@@ -408,9 +408,12 @@ impl WriteSide {
 
     /// Lends the inbox to the engine for the peer's next message, as a memory-polling
     /// application does to have the sockets engine receive it in place (the other engines
-    /// copy it there as usual). A refused loan (the message partly arrived) changes nothing.
+    /// copy it there as usual, and are not asked: see `QueuePair::lends_zones`). A refused
+    /// loan (the message partly arrived) changes nothing.
     fn lend(&self) -> anyhow::Result<()> {
-        self.qp.expect_write(&self.inbox, INBOX_AT, self.size, 0)?;
+        if self.qp.lends_zones(self.size) {
+            self.qp.expect_write(&self.inbox, INBOX_AT, self.size, 0)?;
+        }
         Ok(())
     }
 
