@@ -4,7 +4,7 @@
     cargo build --release -p tbrdma-cli        # in each tree to compare
     sudo scripts/hot-code-footprint.py [--engine E] [--size N] [--op write|send]
                                        [--functions K] [--jump-sites K] [--data K]
-                                       [--layers]
+                                       [--layers] [--locked]
                                        TBRDMA [TBRDMA...]
 
 For each `tbrdma` binary: the client of `tbrdma pingpong` runs under callgrind
@@ -22,7 +22,9 @@ trace of 1 200 round trips: distinct data lines and loads and stores per round t
 functions that touch the most lines first in a round trip; about a minute and 300 MB of
 temporary file); with --layers the instructions, jumps and calls summed by layer (tool,
 verbs, the engine's backends, the rest of the engine, the protocol, std and libc), each
-function counted in the layer of its own path, with whatever was inlined into it.
+function counted in the layer of its own path, with whatever was inlined into it; with
+--locked the locked instructions (lock-prefixed, xchg with memory) and fences run per round
+trip, by function: each drains the store buffer, a cost the instruction counts do not show.
 
 Why: between two messages the kernel's network path runs on the same CPU and evicts the
 engine's code and branch history, so every message fetches its path again, and each jump
@@ -133,6 +135,30 @@ def load_base(binary, profile):
             lowest[name] = addr
     offsets = collections.Counter(a - symbols[n] for n, a in lowest.items())
     return offsets.most_common(1)[0][0] if offsets else 0
+
+
+LOCKED = re.compile(r"^\s*([0-9a-f]+):\s+(lock |xchg\s.*\(|[lms]fence)")
+
+
+def print_locked(binary, profile, runs):
+    """The instructions that order memory across cores, run per round trip, by function:
+    lock-prefixed ones (a mutex's compare-and-swap, an `Arc`'s count), `xchg` with memory
+    (a mutex's unlock) and fences. Each waits for the core's store buffer to drain: some 5-10 ns
+    on this project's VMs, a cost no instruction count shows (docs/performance.md, stop 48)."""
+    base = load_base(binary, profile)
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", binary], capture_output=True,
+                         text=True, check=True).stdout
+    per = collections.Counter()
+    for line in out.splitlines():
+        m = LOCKED.match(line)
+        if m:
+            a = int(m.group(1), 16) + base
+            if runs.get(a, 0) > 0:
+                per[profile.function_of.get(a) or "?"] += runs[a]
+    print(f"  locked instructions and fences per round trip: {sum(per.values()):.1f}")
+    for name, n in per.most_common():
+        if n >= 0.05:
+            print(f"    {n:5.1f}  {name[:100]}")
 
 
 def print_jump_sites(binary, profile, sites, count):
@@ -317,6 +343,9 @@ def main():
     parser.add_argument("--layers", action="store_true",
                         help="also print instructions, jumps and calls per round trip by "
                         "layer (tool, verbs, engine, backends, protocol, std and libc)")
+    parser.add_argument("--locked", action="store_true",
+                        help="also print the locked instructions (lock-prefixed, xchg with "
+                        "memory) and fences run per round trip, by function")
     parser.add_argument("binaries", nargs="+")
     args = parser.parse_args()
     binaries = [os.path.realpath(b) for b in args.binaries]
@@ -355,6 +384,8 @@ def main():
                               f"{calls.get(name, 0):5.1f} calls  {(name or '?')[:100]}")
                 if args.layers:
                     print_layers(runs, taken, calls, after.function_of)
+                if args.locked:
+                    print_locked(binary, after, runs)
                 if args.jump_sites:
                     sites = per_round_trip(before.jump_sites, after.jump_sites)
                     print_jump_sites(binary, after, sites, args.jump_sites)
