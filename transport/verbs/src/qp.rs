@@ -128,9 +128,9 @@ impl QueuePair {
 
     /// Whether [`Self::expect_write`] may lend a zone of `len` bytes on this device: false for
     /// every engine but sockets, and for a zone under [`crate::LANDING_MIN`] bytes, whose loans
-    /// it always refuses. An application that lends before every message (a memory-polling
-    /// ping-pong) asks once and skips the loans that would be refused: each costs a lock of the
-    /// engine's state.
+    /// it always refuses. It locks nothing: an application that lends before every message (a
+    /// memory-polling ping-pong) asks it first and skips the loans that would be refused, each
+    /// of which costs a lock of the engine's state.
     pub fn lends_zones(&self, len: usize) -> bool {
         self.device.inner.engine.lends_zones(len)
     }
