@@ -7,7 +7,8 @@
 //! range while a request that uses it is outstanding (as with any RDMA buffer). All access goes
 //! through the raw pointer taken when the mapping was created.
 //!
-//! **This file contains `unsafe`**: raw copies into and out of registered memory.
+//! **This file contains `unsafe`**: raw copies into and out of registered memory, and the
+//! borrowed closure of a write sink, whose lifetime the arena cannot name ([`with_write_sink`]).
 
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -299,6 +300,8 @@ pub struct Arena {
     watch_hit: bool,
     /// Placements found already in place since [`Self::take_in_place`].
     in_place: u64,
+    /// Where WRITEs into one range go instead of into its bytes (see [`with_write_sink`]).
+    sink: Option<WriteSink>,
 }
 
 impl Arena {
@@ -310,6 +313,7 @@ impl Arena {
             watch: None,
             watch_hit: false,
             in_place: 0,
+            sink: None,
         }
     }
 
@@ -407,6 +411,25 @@ impl Memory for Arena {
     }
 
     fn place_write(&mut self, region: RegionId, offset: u64, data: &[u8], message_len: u64) {
+        if let Some(sink) = &mut self.sink
+            && sink.region == region
+            && let Some(at) = (offset as usize).checked_sub(sink.range.start)
+            && at.saturating_add(data.len()) <= sink.range.len()
+        {
+            if let Some((watched, range)) = &self.watch {
+                // The landing zone's bookkeeping sees the placement whoever takes it.
+                let offset = offset as usize;
+                let end = offset.saturating_add(data.len());
+                self.watch_hit |= *watched == region && offset < range.end && range.start < end;
+            }
+            // SAFETY: `with_write_sink` installed the sink and removes it, under the same lock
+            // as this `&mut Arena`, before the closure's borrow ends; calls are serialised by
+            // that `&mut`, and the closure is `Send` (whichever thread runs the loop calls it).
+            let place = unsafe { sink.place.as_mut() };
+            if place(at, data) {
+                return;
+            }
+        }
         let how = if message_len >= STREAMING_MESSAGE_MIN {
             Store::Streaming
         } else {
@@ -425,6 +448,85 @@ impl Memory for Arena {
             unsafe { buffer.with_slice(offset as usize, len, |bytes| f(bytes)) };
         }
     }
+}
+
+/// What a write sink is handed ([`with_write_sink`]): the offset of a WRITE packet's payload
+/// from the start of the sunk range, and the payload; it returns whether it took the bytes
+/// (else they are stored in the region as usual). It runs under the engine's state lock, on
+/// whichever thread runs the loop, so it must not call into the engine.
+pub type SinkFn<'a> = dyn FnMut(usize, &[u8]) -> bool + Send + 'a;
+
+/// A range of a region whose incoming WRITE packets go to a function instead of into its bytes.
+#[derive(Debug)]
+struct WriteSink {
+    region: RegionId,
+    range: std::ops::Range<usize>,
+    /// The closure `with_write_sink` borrowed, its lifetime erased: valid while this is
+    /// installed (see there).
+    place: NonNull<SinkFn<'static>>,
+}
+
+// SAFETY: the closure behind `place` is `Send` (`SinkFn` says so), and `with_write_sink` keeps
+// it alive and otherwise untouched while this exists.
+unsafe impl Send for WriteSink {}
+
+/// Runs a function on an arena under the engine's state lock; false when it cannot reach it.
+pub(crate) type InArena<'a> = dyn Fn(&mut dyn FnMut(&mut Arena)) -> bool + 'a;
+
+/// Runs `body` with `place` as the sink of bytes `range` of `region`, in the arena that
+/// `in_arena` reaches under the engine's state lock (it returns false when it cannot reach
+/// it): every WRITE packet whose payload lands entirely inside the range is handed to `place`
+/// ([`SinkFn`]) instead of being stored, unless `place` declines it. Packets of a WRITE that
+/// arrived before, or that reach outside the range, are stored as usual: `place` sees only
+/// what it took. The sink is removed before this returns, under the lock every placement
+/// holds, also when `body` panics: `place` is never called afterwards.
+///
+/// Returns whether the sink was installed (not when the region is not registered there, the
+/// range runs past its bytes, or the arena has a sink already: one per arena) and what `body`
+/// returned. `body` runs either way.
+pub(crate) fn with_write_sink<R>(
+    in_arena: &InArena<'_>,
+    region: RegionId,
+    range: std::ops::Range<usize>,
+    place: &mut SinkFn<'_>,
+    body: impl FnOnce() -> R,
+) -> (bool, R) {
+    // SAFETY: only the lifetime changes (the same fat pointer). The erased borrow is not used
+    // beyond `place`'s: the guard below removes the sink from the arena before this function
+    // returns or unwinds, and nothing else copies the pointer out of the arena.
+    let place = unsafe {
+        std::mem::transmute::<NonNull<SinkFn<'_>>, NonNull<SinkFn<'static>>>(NonNull::from(place))
+    };
+    let mut installed = false;
+    in_arena(&mut |arena| {
+        let fits = arena
+            .buffer(region)
+            .is_some_and(|b| range.start <= range.end && range.end <= b.len());
+        if fits && arena.sink.is_none() {
+            arena.sink = Some(WriteSink {
+                region,
+                range: range.clone(),
+                place,
+            });
+            installed = true;
+        }
+    });
+    /// Removes the sink when dropped: on return and on unwinding alike.
+    struct Removal<'a>(&'a InArena<'a>);
+    impl Drop for Removal<'_> {
+        fn drop(&mut self) {
+            let reached = (self.0)(&mut |arena| arena.sink = None);
+            if !reached {
+                // Arenas are never removed, and this one was reached when the sink went in;
+                // were it not, the erased borrow would outlive its closure: stop here.
+                std::process::abort();
+            }
+        }
+    }
+    let removal = installed.then_some(Removal(in_arena));
+    let got = body();
+    drop(removal);
+    (installed, got)
 }
 
 /// WRITEs of at least this many bytes are placed with [`Buffer::write_streaming`]

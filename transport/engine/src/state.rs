@@ -284,6 +284,11 @@ impl State {
         PdId(self.arenas.len() - 1)
     }
 
+    /// The arena of protection domain `pd`, if there is one.
+    pub(crate) fn arena_mut(&mut self, pd: PdId) -> Option<&mut Arena> {
+        self.arenas.get_mut(pd.0)
+    }
+
     /// Registers `buffer` with `access` in protection domain `pd`.
     pub(crate) fn register(
         &mut self,

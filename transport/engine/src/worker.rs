@@ -31,7 +31,7 @@ use tbrdma_proto::{Access, ConnectionState, Event, RecvWr, Region, RegionId, Sen
 use crate::cq::CqShared;
 use crate::io::EngineKind;
 use crate::io::faults::FaultPlan;
-use crate::memory::Buffer;
+use crate::memory::{Arena, Buffer, SinkFn};
 use crate::progress::{Shared, launch};
 use crate::state::State;
 
@@ -283,6 +283,27 @@ impl Engine {
         access: Access,
     ) -> Result<Region, RegisterError> {
         self.lock().register(pd, buffer, access)
+    }
+
+    /// Runs `body` while the WRITE packets whose payload lands entirely inside bytes `range` of
+    /// `region` (in protection domain `pd`) are handed to `place` instead of being stored,
+    /// unless it declines them; see [`crate::memory::with_write_sink`], which says what
+    /// `place` may do and when the packets are stored as usual. Returns whether the sink was
+    /// installed (one per protection domain at a time) and what `body` returned.
+    pub fn with_write_sink<R>(
+        &self,
+        pd: PdId,
+        region: RegionId,
+        range: std::ops::Range<usize>,
+        place: &mut SinkFn<'_>,
+        body: impl FnOnce() -> R,
+    ) -> (bool, R) {
+        // (Quietly: a sink changes nothing the loop sends.)
+        let in_arena = |f: &mut dyn FnMut(&mut Arena)| {
+            let mut state = self.shared.lock_to_read();
+            state.arena_mut(pd).map(f).is_some()
+        };
+        crate::memory::with_write_sink(&in_arena, region, range, place, body)
     }
 
     /// Revokes the keys of `region` in `pd` at once and, unless an outstanding request still

@@ -76,7 +76,7 @@ pub use cm::{Connected, Listener, MAX_CANDIDATES, MAX_PENDING, QpOptions, connec
 pub use device::{CompletionQueue, Device, DeviceConfig};
 pub use direct::DirectParams;
 pub use error::{Result, VerbsError};
-pub use pd::{MemoryRegion, ProtectionDomain};
+pub use pd::{MemoryRegion, ProtectionDomain, WriteSink};
 pub use qp::QueuePair;
 /// The cluster-secret handshake and its helpers (`tbrdma-auth`), for side channels built on
 /// this crate.
@@ -85,6 +85,7 @@ pub use tbrdma_auth::{Auth, Secret};
 pub use tbrdma_engine::cq::Completion;
 pub use tbrdma_engine::io::EngineKind;
 pub use tbrdma_engine::io::faults;
+pub use tbrdma_engine::memory::SinkFn;
 pub use tbrdma_engine::worker::{EngineConfig, LANDING_MIN, Progress, SEND_HEADROOM};
 pub use tbrdma_proto::{
     Access, Config, ConnectionError, ConnectionState, Event, RecvWr, RemoteAddr, SendOp, SendWr,

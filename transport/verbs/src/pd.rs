@@ -176,6 +176,17 @@ impl MemoryRegion {
         unsafe { self.buffer.with_slice(offset, len, f) }
     }
 
+    /// The bytes `range` of this region, as a [`WriteSink`]: a place where a function can take
+    /// the peers' WRITEs instead of the region's bytes (to reduce each packet as it arrives,
+    /// with no copy into the region and none out of it).
+    pub fn write_sink(&self, range: std::ops::Range<usize>) -> WriteSink {
+        WriteSink {
+            pd: self.pd.clone(),
+            region: self.region.id,
+            range,
+        }
+    }
+
     /// Copies bytes into the region.
     ///
     /// # Panics
@@ -239,5 +250,48 @@ impl Drop for MemoryRegion {
                 .engine
                 .deregister(self.pd.id, self.region.id);
         }
+    }
+}
+
+/// Bytes of a region whose incoming WRITEs a function can take instead of the bytes
+/// ([`MemoryRegion::write_sink`]). It holds the protection domain, not the region.
+#[derive(Clone, Debug)]
+pub struct WriteSink {
+    pd: ProtectionDomain,
+    region: tbrdma_proto::RegionId,
+    range: std::ops::Range<usize>,
+}
+
+impl WriteSink {
+    /// Runs `body` while every WRITE packet (of a WRITE or WRITE_WITH_IMM, on any queue pair of
+    /// the protection domain) whose payload lands entirely inside the range is handed to
+    /// `place(at, payload)` instead of being stored, `at` counted from the range's start;
+    /// `place` returns whether it took the payload, and what it declines is stored as usual.
+    /// So are packets placed before `body` began, those reaching outside the range, and every
+    /// receive and READ response: `place` sees only what it took, and whatever it did not take
+    /// is in the region. The payload is the packet's bytes where the engine received them (the
+    /// packet engine's ring, say): nothing was copied yet.
+    ///
+    /// `place` runs inside the engine's loop, under its lock, on whichever thread runs it
+    /// (`body`'s own polls, the keeper, the engine thread): it must be quick and must not call
+    /// into the engine. A peer decides what it is handed: offsets, lengths, the same packet
+    /// twice (a retransmission placed again).
+    ///
+    /// The sink is gone when this returns, `body` panicking or not. Returns whether it was
+    /// installed: not when the range runs past the region, the region was deregistered, or
+    /// another sink of the protection domain is running (one at a time); `body` runs either
+    /// way.
+    pub fn run<R>(
+        &self,
+        place: &mut tbrdma_engine::memory::SinkFn<'_>,
+        body: impl FnOnce() -> R,
+    ) -> (bool, R) {
+        self.pd.device.inner.engine.with_write_sink(
+            self.pd.id,
+            self.region,
+            self.range.clone(),
+            place,
+            body,
+        )
     }
 }
