@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use tbrdma_verbs::{
     Completion, CompletionQueue, MemoryRegion, QueuePair, RecvWr, RemoteAddr, SendOp, SendWr,
-    WcOpcode, WcStatus,
+    WcOpcode, WcStatus, WriteSink,
 };
 
 /// Bytes in front of every slot that belong to no slot: the engine writes a datagram's header
@@ -319,6 +319,17 @@ impl Channel {
                 },
             }])
             .map_err(|e| Fault::Failed(format!("posting a write: {e}")))
+    }
+
+    /// Where the next message to arrive will land in the inbox, as a [`WriteSink`] whose
+    /// function can reduce its packets as they come instead ([`WriteSink::run`]); `None` while
+    /// an earlier message is waiting to be consumed (the next to arrive is then not the one
+    /// the caller consumes next) or the connection is closed.
+    pub fn next_arrival_sink(&self) -> Option<WriteSink> {
+        (self.arrived.is_empty() && !self.closed).then(|| {
+            let at = self.slot_offset(self.arrived_total);
+            self.inbox.write_sink(at..at + self.slot_bytes)
+        })
     }
 
     /// Length of the oldest unconsumed message, if one arrived.

@@ -65,6 +65,8 @@ pub struct Communicator {
     /// connection over the routed path (see `direct`).
     pub(crate) direct_ends: Vec<Option<DirectEnds>>,
     pub(crate) scratch: Scratch,
+    /// Bytes of peers' data reduced packet by packet as they arrived (see `oneshot`).
+    pub(crate) reduced_on_arrival: u64,
     poisoned: Option<String>,
 }
 
@@ -183,6 +185,7 @@ impl Communicator {
             relay,
             direct_ends: vec![None; world],
             scratch: Scratch::default(),
+            reduced_on_arrival: 0,
             poisoned: None,
         };
         let me = &hostfile.ranks[rank];
@@ -398,6 +401,14 @@ impl Communicator {
             .enumerate()
             .filter_map(|(peer, chan)| chan.as_ref().map(|ch| (peer, ch.stats())))
             .collect()
+    }
+
+    /// Bytes of the peers' data that all-reduces reduced packet by packet as it arrived,
+    /// straight out of the engine's receive buffers, since the communicator was built (a
+    /// two-rank one-shot all-reduce does when its call is in time for the peer's message; the
+    /// rest is copied into an inbox slot first and reduced from there).
+    pub fn reduced_on_arrival(&self) -> u64 {
+        self.reduced_on_arrival
     }
 
     /// The cluster's shape.

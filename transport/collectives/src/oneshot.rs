@@ -5,6 +5,8 @@
 
 use std::ops::Range;
 
+use tbrdma_verbs::WriteSink;
+
 use crate::channel::{Fault, channel_to, pieces};
 use crate::comm::{Communicator, Step};
 use crate::dtype::{DType, Fold, fold_ranks};
@@ -30,6 +32,13 @@ pub(crate) fn all_reduce(
     let len = out.len();
     let nchunks = len.div_ceil(chunk_bytes);
     let ahead = comm.opts.slots;
+    if let (2, 1, Some(input)) = (world, nchunks, input)
+        && let Some(sink) = comm.chans[1 - rank]
+            .as_ref()
+            .and_then(|ch| ch.next_arrival_sink())
+    {
+        return pair_reduced_on_arrival(comm, sink, input, out, dtype, op);
+    }
     let mut next_send = [0usize; 64];
     let mut next_send_vec;
     let next_send: &mut [usize] = if world <= 64 {
@@ -100,6 +109,132 @@ pub(crate) fn all_reduce(
             Step::WaitingOn(waiting.unwrap_or(rank))
         })
     })
+}
+
+/// A two-rank all-reduce of one message (a slot or less) that reduces the peer's packets as
+/// they arrive: `sink` (where the peer's message will land) hands each packet's payload,
+/// where the engine received it, to a fold into `out`, so nothing is copied into the inbox
+/// and out again. What the fold did not take (packets that arrived before this call, or that
+/// it declined) is in the inbox and folded from there once the message is complete. The fold
+/// computes `out = x0 op x1` from this rank's `input` and the packet, so a packet handed over
+/// twice gives the same bytes; rank order is kept, as in every schedule.
+fn pair_reduced_on_arrival(
+    comm: &mut Communicator,
+    sink: WriteSink,
+    input: &[u8],
+    out: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (rank, peer) = (comm.rank, 1 - comm.rank);
+    let len = out.len();
+    let esize = dtype.size();
+    let mut taken = Taken::default();
+    let mut fold_scratch = std::mem::take(&mut comm.scratch.fold);
+    let mut place = |at: usize, bytes: &[u8]| {
+        let end = at + bytes.len();
+        // Whole elements inside this message only (an honest peer's packets start at multiples
+        // of 64 bytes), and no more pieces than `Taken` keeps.
+        if end > len || at % esize != 0 || bytes.len() % esize != 0 || !taken.has_room() {
+            return false;
+        }
+        let fold = Fold {
+            dtype,
+            op,
+            world: 2,
+            local: Some((rank, Some(&input[at..end]))),
+        };
+        fold_ranks(fold, &mut out[at..end], &|_, f| f(bytes), &mut fold_scratch);
+        taken.add(at..end);
+        true
+    };
+    let mut sent = false;
+    let (_, arrived) = sink.run(&mut place, || {
+        comm.drive("all_reduce", |chans, _| {
+            let ch = channel_to(chans, peer)?;
+            let mut progressed = false;
+            if !sent && ch.can_send() {
+                ch.send(input)?;
+                sent = true;
+                progressed = true;
+            }
+            Ok(if sent && ch.peek().is_some() {
+                Step::Done
+            } else if progressed {
+                Step::Progressed
+            } else {
+                Step::WaitingOn(peer)
+            })
+        })
+    });
+    comm.scratch.fold = fold_scratch;
+    arrived?;
+    let mut gaps = [const { 0..0 }; Taken::MAX + 1];
+    let mut n_gaps = 0;
+    taken.for_each_gap(len, |gap| {
+        gaps[n_gaps] = gap;
+        n_gaps += 1;
+    });
+    let gaps = &gaps[..n_gaps];
+    comm.reduced_on_arrival += (len - gaps.iter().map(|g| g.len()).sum::<usize>()) as u64;
+    comm.drive("all_reduce", |chans, scratch| {
+        let ch = channel_to(chans, peer)?;
+        ch.expect_oldest(len)?;
+        for gap in gaps {
+            for piece in pieces(gap.len()) {
+                let at = gap.start + piece.start..gap.start + piece.end;
+                let fold = Fold {
+                    dtype,
+                    op,
+                    world: 2,
+                    local: Some((rank, Some(&input[at.clone()]))),
+                };
+                let from_inbox =
+                    |_: usize, f: &mut dyn FnMut(&[u8])| ch.view_oldest_range(at.clone(), f);
+                fold_ranks(fold, &mut out[at.clone()], &from_inbox, &mut scratch.fold);
+            }
+        }
+        ch.release_oldest()?;
+        Ok(Step::Done)
+    })
+}
+
+/// The byte ranges of a message that a sink's fold took: a few (one per packet; a slot is a
+/// handful of packets), and when they are used up the fold declines the rest, which is then
+/// stored and folded from the inbox.
+#[derive(Default)]
+struct Taken {
+    ranges: [Range<usize>; Taken::MAX],
+    n: usize,
+}
+
+impl Taken {
+    const MAX: usize = 16;
+
+    fn has_room(&self) -> bool {
+        self.n < Self::MAX
+    }
+
+    fn add(&mut self, r: Range<usize>) {
+        self.ranges[self.n] = r;
+        self.n += 1;
+    }
+
+    /// Calls `f` with each range of `0..len` that nothing taken covers, in order.
+    fn for_each_gap(&mut self, len: usize, mut f: impl FnMut(Range<usize>)) {
+        let taken = &mut self.ranges[..self.n];
+        taken.sort_unstable_by_key(|r| r.start);
+        let mut from = 0;
+        for r in taken.iter() {
+            if r.start > from {
+                f(from..r.start);
+            }
+            from = from.max(r.end);
+        }
+        if from < len {
+            f(from..len);
+        }
+    }
 }
 
 /// Broadcast of `buf` from `root` straight to every peer.
@@ -188,4 +323,44 @@ pub(crate) fn all_gather(comm: &mut Communicator, out: &mut [u8], block: usize) 
             Some(p) => Step::WaitingOn(p),
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gaps(taken: &[Range<usize>], len: usize) -> Vec<Range<usize>> {
+        let mut t = Taken::default();
+        for r in taken {
+            t.add(r.clone());
+        }
+        let mut out = Vec::new();
+        t.for_each_gap(len, |g| out.push(g));
+        out
+    }
+
+    #[test]
+    fn gaps_are_what_no_taken_range_covers() {
+        assert_eq!(gaps(&[], 100), vec![0..100]);
+        assert_eq!(gaps(&[0..50, 50..100], 100), Vec::<Range<usize>>::new());
+        // Out of order, overlapping, the same range twice.
+        assert_eq!(
+            gaps(&[64..80, 0..16, 8..32, 64..80], 100),
+            vec![32..64, 80..100]
+        );
+        assert_eq!(gaps(&[10..20, 20..30], 30), vec![0..10]);
+    }
+
+    #[test]
+    fn taken_holds_at_most_max_ranges() {
+        let mut t = Taken::default();
+        for k in 0..Taken::MAX {
+            assert!(t.has_room());
+            t.add(k * 8..k * 8 + 8);
+        }
+        assert!(!t.has_room());
+        let mut out = Vec::new();
+        t.for_each_gap(Taken::MAX * 8 + 4, |g| out.push(g));
+        assert_eq!(out, vec![Taken::MAX * 8..Taken::MAX * 8 + 4]);
+    }
 }

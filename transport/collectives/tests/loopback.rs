@@ -166,6 +166,42 @@ fn slots_of_several_view_pieces() {
     check_world_with(3, TopologyKind::Mesh, 1, opts(21_700), &[60_001]);
 }
 
+/// A two-rank one-shot all-reduce of one slot reduces the peer's packets as they arrive
+/// (`Communicator::reduced_on_arrival`) whenever its call is in time for them, and the
+/// results stay exact: every type, operator and form of the suite, in messages of one packet
+/// and of several (256 KiB slots, 64 KiB datagrams on loopback).
+#[test]
+fn two_ranks_reduce_the_peers_packets_as_they_arrive() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let opts = CommOptions {
+        slot_bytes: 256 << 10,
+        one_shot_max: 256 << 10,
+        ..options(21_800)
+    };
+    let hf = loopback_hostfile(2, TopologyKind::Pair, 1);
+    let results = run_world(hf, opts, |comm| {
+        let report = suite(comm, &[1000, 30_000], 43)?;
+        Ok((report, comm.reduced_on_arrival()))
+    });
+    let mut fingerprints = None;
+    for (r, res) in results.into_iter().enumerate() {
+        let (report, reduced) = res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert!(
+            report.failures.is_empty(),
+            "rank {r}: {:#?}",
+            report.failures
+        );
+        assert!(
+            report.passed > 100,
+            "rank {r} ran only {} checks",
+            report.passed
+        );
+        assert!(reduced > 0, "rank {r} reduced nothing as it arrived");
+        let fp = fingerprints.get_or_insert_with(|| report.fingerprints.clone());
+        assert_eq!(&report.fingerprints, fp, "rank {r} disagrees with rank 0");
+    }
+}
+
 #[test]
 fn a_rank_with_other_options_is_named() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
