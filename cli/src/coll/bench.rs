@@ -117,6 +117,11 @@ struct Row {
     /// tbrdma against a baseline timed in blocks between its own (`--paired-with`).
     #[serde(skip_serializing_if = "Option::is_none")]
     paired: Option<Paired>,
+    /// All-reduce on tbrdma: the share of the bytes the ranks received from each other in the
+    /// timed calls that were reduced packet by packet as they arrived, with no copy into an
+    /// inbox (`Communicator::reduced_on_arrival`; a two-rank one-shot all-reduce does it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reduced_on_arrival: Option<f64>,
 }
 
 /// tbrdma's calls against a baseline's, block by block (`--paired-with`).
@@ -249,6 +254,12 @@ fn print_row(row: &Row, json: bool) -> anyhow::Result<()> {
             ),
             None => println!(),
         }
+        if let Some(share) = row.reduced_on_arrival {
+            println!(
+                "#   {:.1} % of the received bytes reduced as they arrived",
+                share * 100.0
+            );
+        }
         if let Some(p) = &row.paired {
             println!(
                 "#   paired with {} in {} blocks of {} calls: its median {:.2} us; block by \
@@ -368,6 +379,7 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                     wrong: total_wrong,
                     recovery: None,
                     paired: None,
+                    reduced_on_arrival: None,
                 };
                 print_row(&row, args.json)?;
             }
@@ -451,6 +463,7 @@ fn measure(
     }
     comm.barrier()?;
     let before = recovery(comm);
+    let on_arrival_before = comm.reduced_on_arrival();
     let mut wrong = 0u64;
     let mut per_call = Vec::with_capacity(args.iters);
     let mut live = inp.clone();
@@ -514,6 +527,7 @@ fn measure(
         recovered.retransmits as i64,
         recovered.tail_probes as i64,
         recovered.timeouts as i64,
+        (comm.reduced_on_arrival() - on_arrival_before) as i64,
     ];
     comm.all_reduce_in_place(&mut recovery_all, ReduceOp::Sum)?;
     let bytes = match kind {
@@ -551,6 +565,10 @@ fn measure(
             timeouts: recovery_all[2] as u64,
         }),
         paired,
+        // Each rank receives the whole message from each of the others, once per call.
+        reduced_on_arrival: (kind == Kind::AllReduce && args.iters > 0 && world > 1).then(|| {
+            recovery_all[3] as f64 / (args.iters * count * es * world * (world - 1)) as f64
+        }),
     })
 }
 
