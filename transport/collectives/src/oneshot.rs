@@ -32,11 +32,22 @@ pub(crate) fn all_reduce(
     let len = out.len();
     let nchunks = len.div_ceil(chunk_bytes);
     let ahead = comm.opts.slots;
-    if let (2, 1, Some(input)) = (world, nchunks, input)
+    if (world, nchunks) == (2, 1)
         && let Some(sink) = comm.chans[1 - rank]
             .as_ref()
             .and_then(|ch| ch.next_arrival_sink())
     {
+        let Some(input) = input else {
+            // In place, the output is the input, and folding a packet handed over twice into
+            // it would count it twice: the fold reads a copy of the input instead (one copy,
+            // where the inbox path makes two).
+            let mut local = std::mem::take(&mut comm.scratch.work);
+            local.clear();
+            local.extend_from_slice(out);
+            let done = pair_reduced_on_arrival(comm, sink, &local, out, dtype, op);
+            comm.scratch.work = local;
+            return done;
+        };
         return pair_reduced_on_arrival(comm, sink, input, out, dtype, op);
     }
     let mut next_send = [0usize; 64];
