@@ -509,6 +509,8 @@ fn measure(
     if let Some(pair) = pair.as_mut() {
         theirs.push(median_of(pair.exchanges(block, &mut || gap.run())?));
     }
+    // (Read before the all-reduces that share the figures, which would count too.)
+    let on_arrival = comm.reduced_on_arrival() - on_arrival_before;
     let paired = match args.paired_with.as_deref() {
         Some(baseline) => Some(pairing(comm, baseline, block, &ours, &theirs)?),
         None => None,
@@ -527,7 +529,7 @@ fn measure(
         recovered.retransmits as i64,
         recovered.tail_probes as i64,
         recovered.timeouts as i64,
-        (comm.reduced_on_arrival() - on_arrival_before) as i64,
+        on_arrival as i64,
     ];
     comm.all_reduce_in_place(&mut recovery_all, ReduceOp::Sum)?;
     let bytes = match kind {
