@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tbrdma_verbs::*;
 
 mod common;
-use common::Pair;
+use common::{Pair, next_completion};
 
 const REGION: usize = 1 << 20;
 
@@ -21,19 +21,6 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
-}
-
-/// Polls `cq` until a completion arrives.
-fn next_completion(cq: &CompletionQueue) -> Completion {
-    let mut buf = [Completion::default(); 1];
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(10) {
-        if cq.poll(&mut buf).unwrap() == 1 {
-            assert_eq!(buf[0].wc.status, WcStatus::Success, "{:?}", buf[0]);
-            return buf[0];
-        }
-    }
-    panic!("no completion within 10 s");
 }
 
 /// What these tests do with a pair (an extension of the shared set-up).

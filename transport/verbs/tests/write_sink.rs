@@ -5,12 +5,11 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::time::{Duration, Instant};
 
 use tbrdma_verbs::*;
 
 mod common;
-use common::Pair;
+use common::{Pair, next_completion};
 
 const REGION: usize = 1 << 20;
 const AT: usize = 4096;
@@ -35,19 +34,6 @@ fn target_bytes(p: &Pair, at: usize, len: usize) -> Vec<u8> {
     let mut out = vec![0u8; len];
     p.target.read(at, &mut out);
     out
-}
-
-/// Polls `cq` until a completion arrives.
-fn next_completion(cq: &CompletionQueue) -> Completion {
-    let mut buf = [Completion::default(); 1];
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(10) {
-        if cq.poll(&mut buf).unwrap() == 1 {
-            assert_eq!(buf[0].wc.status, WcStatus::Success, "{:?}", buf[0]);
-            return buf[0];
-        }
-    }
-    panic!("no completion within 10 s");
 }
 
 /// WRITE_WITH_IMM of `len` bytes from the client's `src` at `from` to the server's `target` at

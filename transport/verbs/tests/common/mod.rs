@@ -109,3 +109,16 @@ pub fn pair(config: DeviceConfig, target_len: usize, src_len: usize, cq_capacity
         src,
     }
 }
+
+/// Polls `cq` until a completion arrives (10 s at most) and checks that it succeeded.
+pub fn next_completion(cq: &CompletionQueue) -> Completion {
+    let mut buf = [Completion::default(); 1];
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if cq.poll(&mut buf).unwrap() == 1 {
+            assert_eq!(buf[0].wc.status, WcStatus::Success, "{:?}", buf[0]);
+            return buf[0];
+        }
+    }
+    panic!("no completion within 10 s");
+}
