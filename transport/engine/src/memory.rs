@@ -358,10 +358,7 @@ impl Arena {
     fn store(&mut self, region: RegionId, offset: u64, data: &[u8], how: Store) {
         if let Some(Some(buffer)) = self.buffers.get(region.0 as usize) {
             let offset = offset as usize;
-            if let Some((watched, range)) = &self.watch {
-                let end = offset.saturating_add(data.len());
-                self.watch_hit |= *watched == region && offset < range.end && range.start < end;
-            }
+            self.watch_hit |= touches(&self.watch, region, offset, data.len());
             if data.as_ptr() == buffer.ptr_at(offset) && offset + data.len() <= buffer.len() {
                 // Received straight into its place (a landing zone): nothing to copy.
                 self.in_place += 1;
@@ -416,12 +413,8 @@ impl Memory for Arena {
             && let Some(at) = (offset as usize).checked_sub(sink.range.start)
             && at.saturating_add(data.len()) <= sink.range.len()
         {
-            if let Some((watched, range)) = &self.watch {
-                // The landing zone's bookkeeping sees the placement whoever takes it.
-                let offset = offset as usize;
-                let end = offset.saturating_add(data.len());
-                self.watch_hit |= *watched == region && offset < range.end && range.start < end;
-            }
+            // The landing zone's bookkeeping sees the placement whoever takes it.
+            self.watch_hit |= touches(&self.watch, region, offset as usize, data.len());
             // SAFETY: `with_write_sink` installed the sink and removes it, under the same lock
             // as this `&mut Arena`, before the closure's borrow ends; calls are serialised by
             // that `&mut`, and the closure is `Send` (whichever thread runs the loop calls it).
@@ -448,6 +441,18 @@ impl Memory for Arena {
             unsafe { buffer.with_slice(offset as usize, len, |bytes| f(bytes)) };
         }
     }
+}
+
+/// Whether a placement of `len` bytes at `offset` of `region` touches the watched range.
+fn touches(
+    watch: &Option<(RegionId, std::ops::Range<usize>)>,
+    region: RegionId,
+    offset: usize,
+    len: usize,
+) -> bool {
+    watch.as_ref().is_some_and(|(watched, range)| {
+        *watched == region && offset < range.end && range.start < offset.saturating_add(len)
+    })
 }
 
 /// What a write sink is handed ([`with_write_sink`]): the offset of a WRITE packet's payload
