@@ -7,9 +7,9 @@ use std::ops::Range;
 
 use tbrdma_verbs::WriteSink;
 
-use crate::channel::{Fault, channel_to, pieces};
+use crate::channel::{Channel, Fault, channel_to, pieces};
 use crate::comm::{Communicator, Step};
-use crate::dtype::{DType, Fold, fold_ranks};
+use crate::dtype::{DType, Fold, FoldScratch, fold_ranks};
 use crate::error::Result;
 use crate::reduce_op::ReduceOp;
 
@@ -89,23 +89,13 @@ pub(crate) fn all_reduce(
                     None => return Err(Fault::Failed(format!("no cable to rank {p}"))),
                 }
             }
-            // Reduced piece by piece, each peer's piece copied out of its inbox into L1 first
-            // (`Channel::view_oldest_range`): every operator is element-wise.
-            for piece in pieces(r.len()) {
-                let peer = |p: usize, f: &mut dyn FnMut(&[u8])| {
-                    if let Some(ch) = &chans[p] {
-                        ch.view_oldest_range(piece.clone(), f)
-                    }
-                };
-                let at = r.start + piece.start..r.start + piece.end;
-                let fold = Fold {
-                    dtype,
-                    op,
-                    world,
-                    local: Some((rank, input.map(|i| &i[at.clone()]))),
-                };
-                fold_ranks(fold, &mut out[at], &peer, &mut scratch.fold);
-            }
+            let fold = Fold {
+                dtype,
+                op,
+                world,
+                local: Some((rank, input.map(|i| &i[r.clone()]))),
+            };
+            fold_from_inboxes(chans, fold, 0..r.len(), &mut out[r], &mut scratch.fold);
             for ch in chans.iter_mut().flatten() {
                 ch.release_oldest()?;
             }
@@ -120,6 +110,34 @@ pub(crate) fn all_reduce(
             Step::WaitingOn(waiting.unwrap_or(rank))
         })
     })
+}
+
+/// Folds bytes `part` of every peer's oldest message (each checked to be there) into the
+/// same bytes of `out`, which is as long as those messages, as is `fold`'s local input. Piece
+/// by piece, each peer's piece copied out of its inbox into L1 first
+/// (`Channel::view_oldest_range`): every operator is element-wise.
+fn fold_from_inboxes(
+    chans: &[Option<Channel>],
+    fold: Fold<'_>,
+    part: Range<usize>,
+    out: &mut [u8],
+    scratch: &mut FoldScratch,
+) {
+    for piece in pieces(part.len()) {
+        let at = part.start + piece.start..part.start + piece.end;
+        let peer = |p: usize, f: &mut dyn FnMut(&[u8])| {
+            if let Some(ch) = &chans[p] {
+                ch.view_oldest_range(at.clone(), f)
+            }
+        };
+        let fold = Fold {
+            local: fold
+                .local
+                .map(|(rank, input)| (rank, input.map(|i| &i[at.clone()]))),
+            ..fold
+        };
+        fold_ranks(fold, &mut out[at.clone()], &peer, scratch);
+    }
 }
 
 /// A two-rank all-reduce of one message (a slot or less) that reduces the peer's packets as
@@ -189,23 +207,17 @@ fn pair_reduced_on_arrival(
     let gaps = &gaps[..n_gaps];
     comm.reduced_on_arrival += (len - gaps.iter().map(|g| g.len()).sum::<usize>()) as u64;
     comm.drive("all_reduce", |chans, scratch| {
-        let ch = channel_to(chans, peer)?;
-        ch.expect_oldest(len)?;
+        channel_to(chans, peer)?.expect_oldest(len)?;
+        let fold = Fold {
+            dtype,
+            op,
+            world: 2,
+            local: Some((rank, Some(input))),
+        };
         for gap in gaps {
-            for piece in pieces(gap.len()) {
-                let at = gap.start + piece.start..gap.start + piece.end;
-                let fold = Fold {
-                    dtype,
-                    op,
-                    world: 2,
-                    local: Some((rank, Some(&input[at.clone()]))),
-                };
-                let from_inbox =
-                    |_: usize, f: &mut dyn FnMut(&[u8])| ch.view_oldest_range(at.clone(), f);
-                fold_ranks(fold, &mut out[at.clone()], &from_inbox, &mut scratch.fold);
-            }
+            fold_from_inboxes(chans, fold, gap.clone(), out, &mut scratch.fold);
         }
-        ch.release_oldest()?;
+        channel_to(chans, peer)?.release_oldest()?;
         Ok(Step::Done)
     })
 }
