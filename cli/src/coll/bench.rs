@@ -68,6 +68,11 @@ pub struct BenchArgs {
     /// streams its weights through the caches (so each call starts with cold caches).
     #[arg(long = "gap-touch-mib", value_name = "MIB", default_value_t = 0)]
     pub gap_touch_mib: usize,
+    /// All-reduce in place (the output buffer holds the input), as tensor-parallel frameworks
+    /// call it (nccl-tests' in-place columns). The buffer is refilled with the input before
+    /// each call, outside the timed region. tbrdma only.
+    #[arg(long = "in-place")]
+    pub in_place: bool,
     /// One JSON object per line and size on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -122,6 +127,9 @@ struct Row {
     /// inbox (`Communicator::reduced_on_arrival`; a two-rank one-shot all-reduce does it).
     #[serde(skip_serializing_if = "Option::is_none")]
     reduced_on_arrival: Option<f64>,
+    /// In place (`--in-place`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    in_place: bool,
 }
 
 /// tbrdma's calls against a baseline's, block by block (`--paired-with`).
@@ -183,7 +191,13 @@ pub fn run(kind: Kind, args: BenchArgs) -> anyhow::Result<u64> {
     } else {
         vec![ReduceOp::Sum]
     };
+    if args.in_place && kind != Kind::AllReduce {
+        bail!("--in-place is for all-reduce");
+    }
     if args.transport != "tbrdma" {
+        if args.in_place {
+            bail!("--in-place: tbrdma only (the TCP ring runs in place anyway)");
+        }
         if kind != Kind::AllReduce {
             return Err(anyhow!(
                 "--transport {} measures all-reduce only",
@@ -243,7 +257,8 @@ fn print_row(row: &Row, json: bool) -> anyhow::Result<()> {
             row.busbw_gbs,
             row.wrong
         );
-        print!("#   median per call {:.2} us", row.time_us_median);
+        let form = if row.in_place { "in place; " } else { "" };
+        print!("#   {form}median per call {:.2} us", row.time_us_median);
         if let Some(p99) = row.time_us_p99 {
             print!(", p99 {p99:.2} us");
         }
@@ -380,6 +395,7 @@ fn run_baseline(args: &BenchArgs, dtypes: &[DType], ops: &[ReduceOp]) -> anyhow:
                     recovery: None,
                     paired: None,
                     reduced_on_arrival: None,
+                    in_place: false,
                 };
                 print_row(&row, args.json)?;
             }
@@ -430,8 +446,11 @@ fn measure(
         }
     }
     let mut out = vec![0u8; out_len];
+    let in_place = args.in_place && kind == Kind::AllReduce;
+    // In place, `out` was refilled with the input before the call (outside the timing).
     let once = |comm: &mut Communicator, inp: &[u8], out: &mut Vec<u8>| -> anyhow::Result<()> {
         match kind {
+            Kind::AllReduce if in_place => comm.all_reduce_bytes_in_place(out, dtype, op)?,
             Kind::AllReduce => comm.all_reduce_bytes(inp, out, dtype, op)?,
             Kind::AllGather => comm.all_gather_bytes(inp, out)?,
             Kind::ReduceScatter => comm.reduce_scatter_bytes(inp, out, dtype, op)?,
@@ -456,6 +475,9 @@ fn measure(
     let block = args.block.max(1);
     let mut gap = Compute::new(args.gap_us, args.gap_touch_mib);
     for _ in 0..args.warmup {
+        if in_place {
+            out.copy_from_slice(&inp);
+        }
         once(comm, &inp, &mut out)?;
     }
     if let Some(pair) = pair.as_mut() {
@@ -494,6 +516,9 @@ fn measure(
                 out.fill(0xAA);
             } else if args.check {
                 out.fill(0xAA);
+            }
+            if in_place {
+                out.copy_from_slice(&live);
             }
             let start = Instant::now();
             once(comm, &live, &mut out)?;
@@ -571,6 +596,7 @@ fn measure(
         reduced_on_arrival: (kind == Kind::AllReduce && args.iters > 0 && world > 1).then(|| {
             recovery_all[3] as f64 / (args.iters * count * es * world * (world - 1)) as f64
         }),
+        in_place,
     })
 }
 

@@ -37,17 +37,6 @@ pub(crate) fn all_reduce(
             .as_ref()
             .and_then(|ch| ch.next_arrival_sink())
     {
-        let Some(input) = input else {
-            // In place, the output is the input, and folding a packet handed over twice into
-            // it would count it twice: the fold reads a copy of the input instead (one copy,
-            // where the inbox path makes two).
-            let mut local = std::mem::take(&mut comm.scratch.work);
-            local.clear();
-            local.extend_from_slice(out);
-            let done = pair_reduced_on_arrival(comm, sink, &local, out, dtype, op);
-            comm.scratch.work = local;
-            return done;
-        };
         return pair_reduced_on_arrival(comm, sink, input, out, dtype, op);
     }
     let mut next_send = [0usize; 64];
@@ -144,13 +133,18 @@ fn fold_from_inboxes(
 /// they arrive: `sink` (where the peer's message will land) hands each packet's payload,
 /// where the engine received it, to a fold into `out`, so nothing is copied into the inbox
 /// and out again. What the fold did not take (packets that arrived before this call, or that
-/// it declined) is in the inbox and folded from there once the message is complete. The fold
-/// computes `out = x0 op x1` from this rank's `input` and the packet, so a packet handed over
-/// twice gives the same bytes; rank order is kept, as in every schedule.
+/// it declined) is in the inbox and folded from there once the message is complete. Rank
+/// order is kept, as in every schedule.
+///
+/// Out of place the fold computes `out = x0 op x1` from `input` and the packet. In place
+/// (`input` is `None`) it computes `out = x0 op x1` from `out` itself, which holds this rank's
+/// input until the fold: so this rank's message is sent before the sink is set (the fold must
+/// not change what is sent), and a packet whose bytes were already taken is declined (folding
+/// it twice would count it twice), which costs no copy of the input.
 fn pair_reduced_on_arrival(
     comm: &mut Communicator,
     sink: WriteSink,
-    input: &[u8],
+    input: Option<&[u8]>,
     out: &mut [u8],
     dtype: DType,
     op: ReduceOp,
@@ -158,31 +152,52 @@ fn pair_reduced_on_arrival(
     let (rank, peer) = (comm.rank, 1 - comm.rank);
     let len = out.len();
     let esize = dtype.size();
+    let mut sent = false;
+    if input.is_none() {
+        // (If the peer's message comes in while this waits for room to send, it is stored and
+        // folded from the inbox: correct, only slower.)
+        comm.drive("all_reduce", |chans, _| {
+            let ch = channel_to(chans, peer)?;
+            Ok(if ch.can_send() {
+                ch.send(out)?;
+                Step::Done
+            } else {
+                Step::WaitingOn(peer)
+            })
+        })?;
+        sent = true;
+    }
     let mut taken = Taken::default();
     let mut fold_scratch = std::mem::take(&mut comm.scratch.fold);
     let mut place = |at: usize, bytes: &[u8]| {
         let end = at + bytes.len();
         // Whole elements inside this message only (an honest peer's packets start at multiples
-        // of 64 bytes), and no more pieces than `Taken` keeps.
-        if end > len || at % esize != 0 || bytes.len() % esize != 0 || !taken.has_room() {
+        // of 64 bytes), no more pieces than `Taken` keeps, and nothing already taken.
+        if end > len
+            || at % esize != 0
+            || bytes.len() % esize != 0
+            || !taken.has_room()
+            || taken.overlaps(at..end)
+        {
             return false;
         }
         let fold = Fold {
             dtype,
             op,
             world: 2,
-            local: Some((rank, Some(&input[at..end]))),
+            local: Some((rank, input.map(|i| &i[at..end]))),
         };
         fold_ranks(fold, &mut out[at..end], &|_, f| f(bytes), &mut fold_scratch);
         taken.add(at..end);
         true
     };
-    let mut sent = false;
     let (_, arrived) = sink.run(&mut place, || {
         comm.drive("all_reduce", |chans, _| {
             let ch = channel_to(chans, peer)?;
             let mut progressed = false;
-            if !sent && ch.can_send() {
+            if let (false, Some(input)) = (sent, input)
+                && ch.can_send()
+            {
                 ch.send(input)?;
                 sent = true;
                 progressed = true;
@@ -212,8 +227,9 @@ fn pair_reduced_on_arrival(
             dtype,
             op,
             world: 2,
-            local: Some((rank, Some(input))),
+            local: Some((rank, input)),
         };
+        // In place, `out` still holds this rank's input wherever the fold took nothing.
         for gap in gaps {
             fold_from_inboxes(chans, fold, gap.clone(), out, &mut scratch.fold);
         }
@@ -241,6 +257,13 @@ impl Taken {
     fn add(&mut self, r: Range<usize>) {
         self.ranges[self.n] = r;
         self.n += 1;
+    }
+
+    /// Whether some of `r` was taken already.
+    fn overlaps(&self, r: Range<usize>) -> bool {
+        self.ranges[..self.n]
+            .iter()
+            .any(|t| t.start < r.end && r.start < t.end)
     }
 
     /// Calls `f` with each range of `0..len` that nothing taken covers, in order.
@@ -372,6 +395,19 @@ mod tests {
             vec![32..64, 80..100]
         );
         assert_eq!(gaps(&[10..20, 20..30], 30), vec![0..10]);
+    }
+
+    #[test]
+    fn a_range_overlaps_what_it_shares_bytes_with() {
+        let mut t = Taken::default();
+        t.add(64..128);
+        assert!(t.overlaps(64..128));
+        assert!(t.overlaps(0..65));
+        assert!(t.overlaps(127..200));
+        assert!(t.overlaps(80..90));
+        assert!(!t.overlaps(0..64));
+        assert!(!t.overlaps(128..192));
+        assert!(!Taken::default().overlaps(0..1 << 20));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tbrdma_collectives::check::{SuiteReport, suite};
-use tbrdma_collectives::{CollError, CommOptions, Communicator, Hostfile, TopologyKind};
+use tbrdma_collectives::{CollError, CommOptions, Communicator, Hostfile, ReduceOp, TopologyKind};
 use tbrdma_netdev::hostfile::{Rank, RankLink, Topology};
 
 /// Busy-polling ranks share 2 cores: one world at a time.
@@ -181,11 +181,31 @@ fn two_ranks_reduce_the_peers_packets_as_they_arrive() {
     let hf = loopback_hostfile(2, TopologyKind::Pair, 1);
     let results = run_world(hf, opts, |comm| {
         let report = suite(comm, &[1000, 30_000], 43)?;
-        Ok((report, comm.reduced_on_arrival()))
+        let reduced = comm.reduced_on_arrival();
+        // In place too (as tensor-parallel frameworks call it): 16 KiB of f32, each rank's
+        // values known, so every call's sum is.
+        let rank = comm.rank() as f32;
+        for call in 0..100 {
+            let mut buf: Vec<f32> = (0..4096).map(|i| (i + call) as f32 + rank).collect();
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+            for (i, v) in buf.iter().enumerate() {
+                assert_eq!(
+                    *v,
+                    (2 * (i + call)) as f32 + 1.0,
+                    "call {call}, element {i}"
+                );
+            }
+        }
+        let in_place = comm.reduced_on_arrival() - reduced;
+        Ok((report, reduced, in_place))
     });
     let mut fingerprints = None;
     for (r, res) in results.into_iter().enumerate() {
-        let (report, reduced) = res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        let (report, reduced, in_place) = res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert!(
+            in_place > 0,
+            "rank {r} reduced nothing in place as it arrived"
+        );
         assert!(
             report.failures.is_empty(),
             "rank {r}: {:#?}",
