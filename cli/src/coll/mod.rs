@@ -48,7 +48,7 @@ pub struct CommArgs {
     /// This host's rank (default: $TBRDMA_RANK).
     #[arg(long)]
     pub rank: Option<usize>,
-    /// All-reduce algorithm: auto, oneshot, ring.
+    /// All-reduce algorithm: auto, oneshot, ring, doubling (four ranks).
     #[arg(long, default_value = "auto")]
     pub algo: String,
     /// Largest all-reduce that `auto` sends one-shot on a pair (a mesh of N ranks: this divided

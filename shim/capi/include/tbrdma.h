@@ -118,6 +118,10 @@
 // All-reduce algorithm: the pipelined ring.
 #define TBRDMA_ALGO_RING 2
 
+// All-reduce algorithm: recursive doubling over four ranks (two exchanges with the ranks r xor
+// 1 and r xor 3; a ring of four has those cables).
+#define TBRDMA_ALGO_DOUBLING 3
+
 // Success.
 #define TBRDMA_OK 0
 

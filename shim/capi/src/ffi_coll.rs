@@ -105,6 +105,9 @@ pub const TBRDMA_ALGO_AUTO: c_int = 0;
 pub const TBRDMA_ALGO_ONESHOT: c_int = 1;
 /// All-reduce algorithm: the pipelined ring.
 pub const TBRDMA_ALGO_RING: c_int = 2;
+/// All-reduce algorithm: recursive doubling over four ranks (two exchanges with the ranks r xor
+/// 1 and r xor 3; a ring of four has those cables).
+pub const TBRDMA_ALGO_DOUBLING: c_int = 3;
 
 /// How to build a communicator. Fill it with `tbrdma_comm_options_init`, then change fields.
 /// Every rank must use the same values (a difference fails setup with `TBRDMA_ERR_MISMATCH`).
@@ -319,6 +322,7 @@ fn algorithm_code(a: Algorithm) -> c_int {
         Algorithm::Auto => TBRDMA_ALGO_AUTO,
         Algorithm::OneShot => TBRDMA_ALGO_ONESHOT,
         Algorithm::Ring => TBRDMA_ALGO_RING,
+        Algorithm::Doubling => TBRDMA_ALGO_DOUBLING,
     }
 }
 
@@ -335,6 +339,7 @@ unsafe fn comm_options(f: &str, p: *const tbrdma_comm_options) -> Result<CommOpt
         TBRDMA_ALGO_AUTO => Algorithm::Auto,
         TBRDMA_ALGO_ONESHOT => Algorithm::OneShot,
         TBRDMA_ALGO_RING => Algorithm::Ring,
+        TBRDMA_ALGO_DOUBLING => Algorithm::Doubling,
         other => return Err(bad(f, format!("algorithm {other} is not a TBRDMA_ALGO_*"))),
     };
     let engine = match o.engine {

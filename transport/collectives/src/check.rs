@@ -156,6 +156,9 @@ pub fn suite(
     if comm.has_ring() {
         algorithms.push(Algorithm::Ring);
     }
+    if comm.supports_doubling() {
+        algorithms.push(Algorithm::Doubling);
+    }
     let saved = comm.options().algorithm;
     let (mut inp, mut want, mut got) = (Vec::new(), Vec::new(), Vec::new());
     let note = |report: &mut SuiteReport, what: String, wrong: usize| {

@@ -452,6 +452,13 @@ impl Communicator {
         (0..self.world).all(|p| p == self.rank || self.is_neighbour(p))
     }
 
+    /// Whether recursive doubling can run ([`crate::Algorithm::Doubling`]): four ranks, and
+    /// this rank cabled to ranks r xor 1 and r xor 3 (a ring of four or a mesh; checked
+    /// locally).
+    pub fn supports_doubling(&self) -> bool {
+        self.world == 4 && self.is_neighbour(self.rank ^ 1) && self.is_neighbour(self.rank ^ 3)
+    }
+
     /// Whether rank k+1 and k−1 are neighbours of every rank k (checked locally).
     pub fn has_ring(&self) -> bool {
         let next = (self.rank + 1) % self.world;

@@ -21,6 +21,11 @@ pub enum Algorithm {
     OneShot,
     /// Reduce-scatter then all-gather around the ring 0 → 1 → … → N−1 → 0, pipelined in slots.
     Ring,
+    /// Recursive doubling over four ranks: each rank exchanges the whole message with rank
+    /// r xor 1 and reduces, then with rank r xor 3 (the rank of the other pair it is cabled to)
+    /// and reduces again: two exchanges where the ring takes six hops. Needs those two cables,
+    /// which a ring of four has (and a mesh).
+    Doubling,
 }
 
 impl std::str::FromStr for Algorithm {
@@ -30,7 +35,10 @@ impl std::str::FromStr for Algorithm {
             "auto" => Ok(Algorithm::Auto),
             "oneshot" | "one-shot" => Ok(Algorithm::OneShot),
             "ring" => Ok(Algorithm::Ring),
-            _ => Err(format!("unknown algorithm {s:?} (auto, oneshot, ring)")),
+            "doubling" => Ok(Algorithm::Doubling),
+            _ => Err(format!(
+                "unknown algorithm {s:?} (auto, oneshot, ring, doubling)"
+            )),
         }
     }
 }
@@ -213,6 +221,7 @@ pub(crate) fn algorithm_code(a: Algorithm) -> u32 {
         Algorithm::Auto => 0,
         Algorithm::OneShot => 1,
         Algorithm::Ring => 2,
+        Algorithm::Doubling => 3,
     }
 }
 

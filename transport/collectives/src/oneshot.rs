@@ -9,7 +9,7 @@ use tbrdma_verbs::WriteSink;
 
 use crate::channel::{Channel, Fault, channel_to, pieces};
 use crate::comm::{Communicator, Step};
-use crate::dtype::{DType, Fold, FoldScratch, fold_ranks};
+use crate::dtype::{DType, Fold, FoldScratch, finish_avg, fold_ranks};
 use crate::error::Result;
 use crate::reduce_op::ReduceOp;
 
@@ -37,7 +37,7 @@ pub(crate) fn all_reduce(
             .as_ref()
             .and_then(|ch| ch.next_arrival_sink())
     {
-        return pair_reduced_on_arrival(comm, sink, input, out, dtype, op);
+        return pair_step(comm, Pair::of_two(rank), Some(sink), input, out, dtype, op);
     }
     let mut next_send = [0usize; 64];
     let mut next_send_vec;
@@ -84,7 +84,14 @@ pub(crate) fn all_reduce(
                 world,
                 local: Some((rank, input.map(|i| &i[r.clone()]))),
             };
-            fold_from_inboxes(chans, fold, 0..r.len(), &mut out[r], &mut scratch.fold);
+            fold_from_inboxes(
+                chans,
+                |p| p,
+                fold,
+                0..r.len(),
+                &mut out[r],
+                &mut scratch.fold,
+            );
             for ch in chans.iter_mut().flatten() {
                 ch.release_oldest()?;
             }
@@ -105,8 +112,11 @@ pub(crate) fn all_reduce(
 /// same bytes of `out`, which is as long as those messages, as is `fold`'s local input. Piece
 /// by piece, each peer's piece copied out of its inbox into L1 first
 /// (`Channel::view_oldest_range`): every operator is element-wise.
+/// `channel_of` maps the fold's ranks to the channels' (the identity, but for a pair step of
+/// recursive doubling, whose two "ranks" are this one and its partner).
 fn fold_from_inboxes(
     chans: &[Option<Channel>],
+    channel_of: impl Fn(usize) -> usize,
     fold: Fold<'_>,
     part: Range<usize>,
     out: &mut [u8],
@@ -115,7 +125,7 @@ fn fold_from_inboxes(
     for piece in pieces(part.len()) {
         let at = part.start + piece.start..part.start + piece.end;
         let peer = |p: usize, f: &mut dyn FnMut(&[u8])| {
-            if let Some(ch) = &chans[p] {
+            if let Some(ch) = &chans[channel_of(p)] {
                 ch.view_oldest_range(at.clone(), f)
             }
         };
@@ -129,90 +139,114 @@ fn fold_from_inboxes(
     }
 }
 
-/// A two-rank all-reduce of one message (a slot or less) that reduces the peer's packets as
-/// they arrive: `sink` (where the peer's message will land) hands each packet's payload,
-/// where the engine received it, to a fold into `out`, so nothing is copied into the inbox
-/// and out again. What the fold did not take (packets that arrived before this call, or that
-/// it declined) is in the inbox and folded from there once the message is complete. Rank
-/// order is kept, as in every schedule.
+/// The two sides of an exchange of whole messages: this rank's partner, and which of the two
+/// comes first in the fold (rank order in a pair; the lower-ranked pair first in recursive
+/// doubling), so that both sides compute the same bits.
+#[derive(Clone, Copy, Debug)]
+struct Pair {
+    partner: usize,
+    /// 0 when this side's data comes first in the fold, 1 when the partner's does.
+    position: usize,
+}
+
+impl Pair {
+    /// The two ranks of a pair.
+    fn of_two(rank: usize) -> Pair {
+        Pair {
+            partner: 1 - rank,
+            position: rank,
+        }
+    }
+}
+
+/// One exchange of a whole message (a slot or less) with `pair.partner`, reduced into `out` in
+/// `pair`'s order: `out = x0 op x1`. With a `sink` (where the partner's message will land) each
+/// of its packets is folded into `out` as it arrives, from where the engine received it, so
+/// nothing is copied into the inbox and out again. What the fold did not take (packets that
+/// arrived before the sink was set, or that it declined), and the whole message without a
+/// sink, is folded from the inbox once the message is complete.
 ///
-/// Out of place the fold computes `out = x0 op x1` from `input` and the packet. In place
-/// (`input` is `None`) it computes `out = x0 op x1` from `out` itself, which holds this rank's
-/// input until the fold: so this rank's message is sent before the sink is set (the fold must
-/// not change what is sent), and a packet whose bytes were already taken is declined (folding
-/// it twice would count it twice), which costs no copy of the input.
-fn pair_reduced_on_arrival(
+/// Out of place the fold computes `out` from `input` and the packet. In place (`input` is
+/// `None`) it computes it from `out` itself, which holds this rank's data until the fold: so
+/// this rank's message is sent before the sink is set (the fold must not change what is
+/// sent), and a packet whose bytes were already taken is declined (folding it twice would
+/// count it twice), which costs no copy of the input.
+fn pair_step(
     comm: &mut Communicator,
-    sink: WriteSink,
+    pair: Pair,
+    sink: Option<WriteSink>,
     input: Option<&[u8]>,
     out: &mut [u8],
     dtype: DType,
     op: ReduceOp,
 ) -> Result<()> {
-    let (rank, peer) = (comm.rank, 1 - comm.rank);
+    let Pair { partner, position } = pair;
     let len = out.len();
     let esize = dtype.size();
     let mut sent = false;
-    if input.is_none() {
-        // (If the peer's message comes in while this waits for room to send, it is stored and
-        // folded from the inbox: correct, only slower.)
+    if input.is_none() || sink.is_none() {
+        // (If the partner's message comes in while this waits for room to send, it is stored
+        // and folded from the inbox: correct, only slower.)
         comm.drive("all_reduce", |chans, _| {
-            let ch = channel_to(chans, peer)?;
+            let ch = channel_to(chans, partner)?;
             Ok(if ch.can_send() {
-                ch.send(out)?;
+                ch.send(input.unwrap_or(out))?;
                 Step::Done
             } else {
-                Step::WaitingOn(peer)
+                Step::WaitingOn(partner)
             })
         })?;
         sent = true;
     }
     let mut taken = Taken::default();
-    let mut fold_scratch = std::mem::take(&mut comm.scratch.fold);
-    let mut place = |at: usize, bytes: &[u8]| {
-        let end = at + bytes.len();
-        // Whole elements inside this message only (an honest peer's packets start at multiples
-        // of 64 bytes), no more pieces than `Taken` keeps, and nothing already taken.
-        if end > len
-            || at % esize != 0
-            || bytes.len() % esize != 0
-            || !taken.has_room()
-            || taken.overlaps(at..end)
-        {
-            return false;
-        }
-        let fold = Fold {
-            dtype,
-            op,
-            world: 2,
-            local: Some((rank, input.map(|i| &i[at..end]))),
-        };
-        fold_ranks(fold, &mut out[at..end], &|_, f| f(bytes), &mut fold_scratch);
-        taken.add(at..end);
-        true
-    };
-    let (_, arrived) = sink.run(&mut place, || {
-        comm.drive("all_reduce", |chans, _| {
-            let ch = channel_to(chans, peer)?;
-            let mut progressed = false;
-            if let (false, Some(input)) = (sent, input)
-                && ch.can_send()
+    if let Some(sink) = sink {
+        let mut fold_scratch = std::mem::take(&mut comm.scratch.fold);
+        let mut place = |at: usize, bytes: &[u8]| {
+            let end = at + bytes.len();
+            // Whole elements inside this message only (an honest peer's packets start at
+            // multiples of 64 bytes), no more pieces than `Taken` keeps, and nothing already
+            // taken.
+            if end > len
+                || at % esize != 0
+                || bytes.len() % esize != 0
+                || !taken.has_room()
+                || taken.overlaps(at..end)
             {
-                ch.send(input)?;
-                sent = true;
-                progressed = true;
+                return false;
             }
-            Ok(if sent && ch.peek().is_some() {
-                Step::Done
-            } else if progressed {
-                Step::Progressed
-            } else {
-                Step::WaitingOn(peer)
+            let fold = Fold {
+                dtype,
+                op,
+                world: 2,
+                local: Some((position, input.map(|i| &i[at..end]))),
+            };
+            fold_ranks(fold, &mut out[at..end], &|_, f| f(bytes), &mut fold_scratch);
+            taken.add(at..end);
+            true
+        };
+        let (_, arrived) = sink.run(&mut place, || {
+            comm.drive("all_reduce", |chans, _| {
+                let ch = channel_to(chans, partner)?;
+                let mut progressed = false;
+                if let (false, Some(input)) = (sent, input)
+                    && ch.can_send()
+                {
+                    ch.send(input)?;
+                    sent = true;
+                    progressed = true;
+                }
+                Ok(if sent && ch.peek().is_some() {
+                    Step::Done
+                } else if progressed {
+                    Step::Progressed
+                } else {
+                    Step::WaitingOn(partner)
+                })
             })
-        })
-    });
-    comm.scratch.fold = fold_scratch;
-    arrived?;
+        });
+        comm.scratch.fold = fold_scratch;
+        arrived?;
+    }
     let mut gaps = [const { 0..0 }; Taken::MAX + 1];
     let mut n_gaps = 0;
     taken.for_each_gap(len, |gap| {
@@ -222,20 +256,86 @@ fn pair_reduced_on_arrival(
     let gaps = &gaps[..n_gaps];
     comm.reduced_on_arrival += (len - gaps.iter().map(|g| g.len()).sum::<usize>()) as u64;
     comm.drive("all_reduce", |chans, scratch| {
-        channel_to(chans, peer)?.expect_oldest(len)?;
+        let Some(n) = channel_to(chans, partner)?.peek() else {
+            return Ok(Step::WaitingOn(partner));
+        };
+        if n != len {
+            channel_to(chans, partner)?.expect_oldest(len)?;
+        }
         let fold = Fold {
             dtype,
             op,
             world: 2,
-            local: Some((rank, input)),
+            local: Some((position, input)),
         };
-        // In place, `out` still holds this rank's input wherever the fold took nothing.
+        // In place, `out` still holds this rank's data wherever the fold took nothing.
         for gap in gaps {
-            fold_from_inboxes(chans, fold, gap.clone(), out, &mut scratch.fold);
+            fold_from_inboxes(
+                chans,
+                |_| partner,
+                fold,
+                gap.clone(),
+                out,
+                &mut scratch.fold,
+            );
         }
-        channel_to(chans, peer)?.release_oldest()?;
+        channel_to(chans, partner)?.release_oldest()?;
         Ok(Step::Done)
     })
+}
+
+/// Recursive doubling over four ranks ([`crate::Algorithm::Doubling`]): an exchange of the
+/// whole message with rank r xor 1, reduced, then one with rank r xor 3, reduced again. After
+/// the first, ranks 0 and 1 hold x0 op x1 and ranks 2 and 3 hold x2 op x3; the second gives
+/// every rank (x0 op x1) op (x2 op x3), the same bits everywhere (the pair of ranks 0 and 1
+/// first in the fold). 16-bit floats are rounded after each exchange, as the ring rounds
+/// after each hop; avg divides once, at the end. Messages over a slot go a slot at a time.
+pub(crate) fn doubling(
+    comm: &mut Communicator,
+    input: Option<&[u8]>,
+    out: &mut [u8],
+    dtype: DType,
+    op: ReduceOp,
+) -> Result<()> {
+    let rank = comm.rank;
+    debug_assert!(comm.supports_doubling());
+    let steps = [
+        Pair {
+            partner: rank ^ 1,
+            position: rank & 1,
+        },
+        Pair {
+            partner: rank ^ 3,
+            position: rank >> 1,
+        },
+    ];
+    // Avg sums and divides once: dividing after each exchange would round twice.
+    let step_op = if op == ReduceOp::Avg {
+        ReduceOp::Sum
+    } else {
+        op
+    };
+    let chunk_bytes = (comm.opts.slot_bytes / dtype.size()) * dtype.size();
+    let len = out.len();
+    for c in 0..len.div_ceil(chunk_bytes) {
+        let r = chunk(c, chunk_bytes, len);
+        for (k, &pair) in steps.iter().enumerate() {
+            let sink = comm.chans[pair.partner]
+                .as_ref()
+                .and_then(|ch| ch.next_arrival_sink());
+            // The first exchange reads the caller's input; the second reduces `out` in place.
+            let input = if k == 0 {
+                input.map(|i| &i[r.clone()])
+            } else {
+                None
+            };
+            pair_step(comm, pair, sink, input, &mut out[r.clone()], dtype, step_op)?;
+        }
+        if op == ReduceOp::Avg {
+            finish_avg(dtype, &mut out[r], comm.world);
+        }
+    }
+    Ok(())
 }
 
 /// The byte ranges of a message that a sink's fold took: a few (one per packet; a slot is a

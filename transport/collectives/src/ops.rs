@@ -53,8 +53,18 @@ impl Communicator {
             }
             Algorithm::Ring if ring => Algorithm::Ring,
             Algorithm::Ring => return Err(no_route()),
+            Algorithm::Doubling if self.supports_doubling() => Algorithm::Doubling,
+            Algorithm::Doubling => {
+                return Err(CollError::BadArgument {
+                    op: "all_reduce",
+                    problem: "recursive doubling needs four ranks, each cabled to ranks r xor 1 and r xor 3 (a ring of four or a mesh)".into(),
+                });
+            }
             Algorithm::Auto if full && (bytes <= self.one_shot_limit() || !ring) => {
                 Algorithm::OneShot
+            }
+            Algorithm::Auto if self.supports_doubling() && bytes <= self.doubling_limit() => {
+                Algorithm::Doubling
             }
             Algorithm::Auto if ring => Algorithm::Ring,
             Algorithm::Auto if full => Algorithm::OneShot,
@@ -70,6 +80,14 @@ impl Communicator {
     /// [`CommOptions::one_shot_max`]: crate::CommOptions::one_shot_max
     fn one_shot_limit(&self) -> usize {
         one_shot_limit(self.opts.one_shot_max, self.world)
+    }
+
+    /// The largest all-reduce that [`Algorithm::Auto`] runs by recursive doubling where the
+    /// ranks are not all cabled to each other (a ring of four): two exchanges of the whole
+    /// message beat the ring's six hops while the message is small (measured crossover:
+    /// docs/collectives.md).
+    fn doubling_limit(&self) -> usize {
+        self.opts.one_shot_max / 4
     }
 
     /// All-reduce of bytes: `output = input₀ op input₁ op … op input_{N−1}`, element-wise, on
@@ -122,6 +140,7 @@ impl Communicator {
                 };
                 ring::run(self, out, input, &plan)
             }
+            Algorithm::Doubling => oneshot::doubling(self, input, out, dtype, op),
             _ => oneshot::all_reduce(self, input, out, dtype, op),
         }
     }
