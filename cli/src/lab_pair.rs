@@ -1,5 +1,6 @@
-//! The two-host lab the demo and the soak build for themselves: two network namespaces joined
-//! by two veth cables (MTU 65520), removed however the run ends.
+//! The labs the demo and the soak build for themselves, removed however the run ends: two
+//! network namespaces joined by two veth cables (MTU 65520), and the demo's four hosts cabled
+//! as a ring.
 
 use anyhow::Context;
 use tbrdma_netdev::hostfile::Hostfile;
@@ -35,4 +36,19 @@ pub fn up(name: &str) -> anyhow::Result<(LabGuard, Hostfile)> {
     let guard = LabGuard(name.to_string());
     let hostfile = Hostfile::load(&path)?;
     Ok((guard, hostfile))
+}
+
+/// Builds lab `name`: four ranks cabled as a ring (one cable per neighbour), as four boxes with
+/// two USB4 ports each are. Returns its guard.
+pub fn up_ring_of_four(name: &str) -> anyhow::Result<LabGuard> {
+    let options = LabOptions {
+        name: name.to_string(),
+        ranks: 4,
+        topology: LabTopology::Ring,
+        rails: 1,
+        mtu: 65520,
+        force: false,
+    };
+    lab::up(&options).context("building the ring of four")?;
+    Ok(LabGuard(name.to_string()))
 }
