@@ -157,6 +157,44 @@ fn allreduce_sweeps_sizes_checks_every_iteration_and_prints_nccl_tests_rows() {
     assert!(table.contains(", packet engine,"), "{table}");
 }
 
+/// `--in-place`, as frameworks call the all-reduce: every call checked (the buffer is refilled
+/// before each), and the row says it ran in place; refused where it means nothing.
+#[test]
+fn allreduce_in_place_checks_every_call() {
+    let Some((_serial, lab)) = lab("cinpl") else {
+        return;
+    };
+    let args = [
+        "allreduce",
+        "-b",
+        "16K",
+        "-e",
+        "16K",
+        "-d",
+        "f32,bf16",
+        "--in-place",
+        "--check",
+        "--json",
+        "-n",
+        "50",
+        "-w",
+        "2",
+    ];
+    let rows = rows(&both(&lab, &args), "allreduce --in-place");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (v, dtype) in rows.iter().zip(["f32", "bf16"]) {
+        check_row(v, 16384, dtype, "sum");
+        assert_eq!(v["in_place"], Value::Bool(true), "{v}");
+    }
+    let tcp = both(&lab, &["allreduce", "--in-place", "--transport", "tcp"]);
+    assert!(!tcp[0].status.success(), "--in-place with the TCP ring");
+    assert!(
+        text(&tcp[0].stderr).contains("--in-place: tbrdma only"),
+        "{}",
+        text(&tcp[0].stderr)
+    );
+}
+
 /// Every tbrdma row counts the loss recovery of its timed calls: none where nothing was lost is
 /// not asserted (a slow poll may time out), but losses the fault layer makes must show.
 #[test]
