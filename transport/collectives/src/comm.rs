@@ -452,6 +452,12 @@ impl Communicator {
         (0..self.world).all(|p| p == self.rank || self.is_neighbour(p))
     }
 
+    /// The bytes of one message of a schedule cut in slot-sized chunks: a slot's worth of whole
+    /// `dtype` elements, so that no element straddles two messages.
+    pub(crate) fn chunk_bytes(&self, dtype: crate::dtype::DType) -> usize {
+        (self.opts.slot_bytes / dtype.size()) * dtype.size()
+    }
+
     /// Whether recursive doubling can run ([`crate::Algorithm::Doubling`]): four ranks, and
     /// this rank cabled to ranks r xor 1 and r xor 3 (a ring of four or a mesh; checked
     /// locally).

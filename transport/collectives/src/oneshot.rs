@@ -27,8 +27,7 @@ pub(crate) fn all_reduce(
     op: ReduceOp,
 ) -> Result<()> {
     let (rank, world) = (comm.rank, comm.world);
-    let esize = dtype.size();
-    let chunk_bytes = (comm.opts.slot_bytes / esize) * esize;
+    let chunk_bytes = comm.chunk_bytes(dtype);
     let len = out.len();
     let nchunks = len.div_ceil(chunk_bytes);
     let ahead = comm.opts.slots;
@@ -315,7 +314,7 @@ pub(crate) fn doubling(
     } else {
         op
     };
-    let chunk_bytes = (comm.opts.slot_bytes / dtype.size()) * dtype.size();
+    let chunk_bytes = comm.chunk_bytes(dtype);
     let len = out.len();
     for c in 0..len.div_ceil(chunk_bytes) {
         let r = chunk(c, chunk_bytes, len);

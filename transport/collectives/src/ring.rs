@@ -69,8 +69,7 @@ pub(crate) fn run(
         }
         return Ok(());
     }
-    let esize = plan.dtype.size();
-    let chunk_bytes = (comm.opts.slot_bytes / esize) * esize;
+    let chunk_bytes = comm.chunk_bytes(plan.dtype);
     let longest = plan.segments.iter().map(|s| s.len()).max().unwrap_or(0);
     let m = longest.div_ceil(chunk_bytes).max(1);
     let (first, last) = match plan.phases {
