@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail};
 use clap::Args;
 use serde::Serialize;
 use tbrdma_collectives::check::{count_wrong, expected, input};
-use tbrdma_collectives::{Communicator, DType, ReduceOp};
+use tbrdma_collectives::{Algorithm, Communicator, DType, ReduceOp};
 
 use super::baseline::{RingAddrs, UdpPair};
 use super::compute::Compute;
@@ -592,9 +592,15 @@ fn measure(
             timeouts: recovery_all[2] as u64,
         }),
         paired,
-        // Each rank receives the whole message from each of the others, once per call.
+        // What each rank receives per call: the whole message from each of the others
+        // (one-shot), from each of its two partners (doubling), or 2(N-1)/N of it (ring).
         reduced_on_arrival: (kind == Kind::AllReduce && args.iters > 0 && world > 1).then(|| {
-            recovery_all[3] as f64 / (args.iters * count * es * world * (world - 1)) as f64
+            let received = match comm.choose_algorithm(bytes) {
+                Ok(Algorithm::Doubling) => 2 * bytes,
+                Ok(Algorithm::Ring) => bytes * 2 * (world - 1) / world,
+                _ => bytes * (world - 1),
+            };
+            recovery_all[3] as f64 / (args.iters * world * received) as f64
         }),
         in_place,
     })
