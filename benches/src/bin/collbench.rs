@@ -17,6 +17,8 @@
 //! apart do not. It prints each case's median over all runs, ratios computed within
 //! each round (so the machine's drift between rounds hits both sides alike) and the verdicts
 //! against issue 6's targets and issue 16's (marked "[16]").
+//! Without `--ranks` it then does the same for four ranks in a ring at 16 KiB, the size of
+//! issue 16's four-rank target, so that one run prints every verdict.
 //! The lab always comes down: on success, error, panic, SIGINT and SIGTERM.
 //!
 //! Cores: every rank is one unpinned process busy-polling in caller progress mode, so N ranks
@@ -37,6 +39,8 @@ const UDP_MAX_PAYLOAD: usize = 65_507;
 
 /// Rank processes alive, killed on a signal.
 static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+/// The lab up now, taken down on a second signal.
+static LAB: Mutex<String> = Mutex::new(String::new());
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 const USAGE: &str = "usage: collbench [--rounds N] [--ranks 2|4] [--dtypes f32,bf16] \
@@ -45,6 +49,8 @@ const USAGE: &str = "usage: collbench [--rounds N] [--ranks 2|4] [--dtypes f32,b
   Run as root. Builds a lab, runs tbrdma allreduce against the TCP ring and the UDP floors
   in every rank, alternating within each round, and prints medians, per-round ratios and
   verdicts against issue 6's targets and issue 16's (marked [16]). Build the CLI first: cargo build --release -p tbrdma-cli.
+  Without --ranks: two ranks, then four ranks in a ring at 16 KiB (the four-rank target), in
+  a lab of their own.
   --pause S sleeps S seconds before every run, so that a VM that slows down under sustained
   load (this project's seems to, after a few seconds of busy-polling) measures every run at
   full speed. --engine picks tbrdma's datagram backend (default: the CLI's, packet).
@@ -53,9 +59,12 @@ const USAGE: &str = "usage: collbench [--rounds N] [--ranks 2|4] [--dtypes f32,b
   cannot wait), and the ratios are printed for information, since the targets are defined for
   calls back to back.";
 
+#[derive(Clone)]
 struct Options {
     rounds: usize,
     ranks: usize,
+    /// No `--ranks` given: after the run, four ranks in a ring at 16 KiB.
+    then_four_ranks: bool,
     dtypes: Vec<String>,
     sizes: Vec<String>,
     pause: std::time::Duration,
@@ -79,6 +88,7 @@ fn parse_args() -> anyhow::Result<Options> {
     let mut options = Options {
         rounds: 3,
         ranks: 2,
+        then_four_ranks: true,
         dtypes: vec!["f32".into(), "bf16".into()],
         sizes: vec!["16K".into(), "256K".into(), "64M".into()],
         pause: std::time::Duration::ZERO,
@@ -95,7 +105,10 @@ fn parse_args() -> anyhow::Result<Options> {
         };
         match arg.as_str() {
             "--rounds" => options.rounds = value()?.parse().context("--rounds")?,
-            "--ranks" => options.ranks = value()?.parse().context("--ranks")?,
+            "--ranks" => {
+                options.ranks = value()?.parse().context("--ranks")?;
+                options.then_four_ranks = false;
+            }
             "--dtypes" => options.dtypes = value()?.split(',').map(String::from).collect(),
             "--sizes" => options.sizes = value()?.split(',').map(String::from).collect(),
             "--tbrdma" => options.tbrdma = value()?.into(),
@@ -243,21 +256,29 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn run(options: &Options) -> anyhow::Result<bool> {
-    let name = format!("cb{}", std::process::id() % 100_000);
-    {
-        let name = name.clone();
-        ctrlc::set_handler(move || {
-            if INTERRUPTED.swap(true, Ordering::SeqCst) {
+/// On SIGINT/SIGTERM: kills the ranks (the run then fails and its lab comes down); on a
+/// second, takes the lab down and exits.
+fn install_signal_handler() -> anyhow::Result<()> {
+    ctrlc::set_handler(move || {
+        if INTERRUPTED.swap(true, Ordering::SeqCst) {
+            let name = LAB.lock().map(|n| n.clone()).unwrap_or_default();
+            if !name.is_empty() {
                 let _ = lab::down(&name);
-                std::process::exit(130);
             }
-            eprintln!("collbench: interrupted, stopping the ranks (again to quit at once)");
-            for pid in CHILDREN.lock().map(|c| c.clone()).unwrap_or_default() {
-                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            }
-        })
-        .context("installing the signal handler")?;
+            std::process::exit(130);
+        }
+        eprintln!("collbench: interrupted, stopping the ranks (again to quit at once)");
+        for pid in CHILDREN.lock().map(|c| c.clone()).unwrap_or_default() {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    })
+    .context("installing the signal handler")
+}
+
+fn run(options: &Options) -> anyhow::Result<bool> {
+    let name = format!("cb{}r{}", std::process::id() % 100_000, options.ranks);
+    if let Ok(mut lab) = LAB.lock() {
+        lab.clone_from(&name);
     }
     let topology = if options.ranks == 2 {
         LabTopology::Pair
@@ -537,7 +558,21 @@ fn report(
 }
 
 fn main() -> ExitCode {
-    let result = parse_args().and_then(|options| run(&options));
+    let result = parse_args().and_then(|options| {
+        install_signal_handler()?;
+        let mut passed = run(&options)?;
+        if options.then_four_ranks && !INTERRUPTED.load(Ordering::SeqCst) {
+            println!("\n# four ranks in a ring at 16 KiB (issue 16's four-rank target)");
+            let four = Options {
+                ranks: 4,
+                sizes: vec!["16K".into()],
+                then_four_ranks: false,
+                ..options.clone()
+            };
+            passed &= run(&four)?;
+        }
+        Ok(passed)
+    });
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
