@@ -92,7 +92,7 @@ trap - EXIT
 # floors, the UDP exchange, the TCP ring): code the training never ran is laid out as cold, and
 # a baseline slowed that way would flatter every ratio. (collbench and pluginbench exit 1 when
 # a target is missed, as the instrumented build's slower code may: only its counts matter here.)
-"$bin/collbench" --rounds 1 --sizes 16K,256K >/dev/null || true
+"$bin/collbench" --rounds 1 --ranks 2 --sizes 16K,256K >/dev/null || true
 "$bin/collbench" --rounds 1 --ranks 4 --sizes 16K --dtypes f32 >/dev/null || true
 "$bin/linkbench" --rounds 1 --iters 2000 --warmup 200 --seconds 0.5 >/dev/null
 "$bin/pluginbench" --rounds 1 --iters 2000 >/dev/null || true
