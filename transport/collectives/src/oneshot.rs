@@ -255,12 +255,12 @@ fn pair_step(
     let gaps = &gaps[..n_gaps];
     comm.reduced_on_arrival += (len - gaps.iter().map(|g| g.len()).sum::<usize>()) as u64;
     comm.drive("all_reduce", |chans, scratch| {
-        let Some(n) = channel_to(chans, partner)?.peek() else {
+        // (Without a sink, nothing has waited for the partner's message yet.)
+        let ch = channel_to(chans, partner)?;
+        if ch.peek().is_none() {
             return Ok(Step::WaitingOn(partner));
-        };
-        if n != len {
-            channel_to(chans, partner)?.expect_oldest(len)?;
         }
+        ch.expect_oldest(len)?;
         let fold = Fold {
             dtype,
             op,
