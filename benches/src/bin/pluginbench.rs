@@ -2,7 +2,7 @@
 //! in one run (issue 15's benchmark; figures in `docs/performance.md` and `docs/nccl.md`).
 //!
 //! As root, after `cargo build --release -p tbrdma-cli -p tbrdma-benches`:
-//! `target/release/pluginbench [--rounds 3] [--variant NAME=ENV ...]`.
+//! `target/release/pluginbench [--rounds 3] [--engine E] [--variant NAME=ENV ...]`.
 //!
 //! It creates a lab of two namespaces joined by one veth cable (MTU 65520), then runs
 //! `--rounds` rounds; each round runs, back to back:
@@ -19,6 +19,11 @@
 //!   into buffers written once beforehand, as NCCL's pinned ones are, with the
 //!   plugin's default settings and then each `--variant` (environment assignments, such as
 //!   `thread=TBRDMA_PROGRESS=thread`).
+//!
+//! `--engine E` (`sockets`, `packet`, `uring`; default: the plugin's own default with caller
+//! progress) is the engine of both the verbs baseline (`--engine` of the CLI tools) and the
+//! plugin's default run (`TBRDMA_ENGINE`), so that the verdicts compare the plugin with the
+//! transport under it, engine for engine.
 //!
 //! `--recv-slots N` (default 8, NCCL's: one slot per step in flight) sets how many distinct
 //! 4 MiB receive slots the stream cycles through; `--recv-slots 1` gives the receiver the
@@ -43,13 +48,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use nccl_net_tbrdma::abi::NCCL_PTR_HOST;
+use nccl_net_tbrdma::config::default_engine;
 use nccl_net_tbrdma::ncclNetPlugin_v10 as NET;
 use serde_json::Value;
 use tbrdma_benches::LabGuard;
 use tbrdma_netdev::hostfile::Hostfile;
 use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
+use tbrdma_verbs::Progress;
 
-const USAGE: &str = "usage: pluginbench [--rounds N] [--iters N] [--recv-slots N] [--variant NAME=VAR=VALUE[,VAR=VALUE]]... [--tbrdma PATH]
+const USAGE: &str = "usage: pluginbench [--rounds N] [--iters N] [--recv-slots N] [--engine sockets|packet|uring] [--variant NAME=VAR=VALUE[,VAR=VALUE]]... [--tbrdma PATH]
   Run as root. Builds a two-namespace lab and compares the NCCL plugin (default settings, then
   each variant) with `tbrdma pingpong --op send` and `tbrdma bw` in the same run.";
 
@@ -65,6 +72,8 @@ struct Options {
     rounds: usize,
     iters: usize,
     recv_slots: usize,
+    /// The engine of the verbs baseline and of the plugin's default run.
+    engine: &'static str,
     variants: Vec<(String, Vec<(String, String)>)>,
     tbrdma: std::path::PathBuf,
 }
@@ -74,6 +83,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         rounds: 3,
         iters: LAT_ITERS,
         recv_slots: BW_DEPTH,
+        engine: default_engine(Progress::Caller).name(),
         variants: Vec::new(),
         tbrdma: std::env::current_exe()?.with_file_name("tbrdma"),
     };
@@ -93,6 +103,14 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
                 }
             }
             "--tbrdma" => options.tbrdma = value()?.into(),
+            "--engine" => {
+                options.engine = match value()?.as_str() {
+                    "sockets" => "sockets",
+                    "packet" => "packet",
+                    "uring" => "uring",
+                    other => bail!("--engine {other}: sockets, packet or uring"),
+                }
+            }
             "--variant" => {
                 let v = value()?;
                 let (name, assignments) = v
@@ -510,6 +528,8 @@ fn verbs_run(options: &Options, lab: &Lab, port: u16) -> anyhow::Result<Figures>
             "--json".into(),
             "--port".into(),
             port.to_string(),
+            "--engine".into(),
+            options.engine.into(),
         ]
     };
     let mut server = common("pingpong");
@@ -626,11 +646,25 @@ fn run(options: &Options) -> anyhow::Result<bool> {
     );
     println!(
         "# verbs: tbrdma pingpong --op send --size 8 -n {} (round trip = 2 x one-way) and \
-         tbrdma bw --size 4194304 -n {}, CLI defaults; plugin: {} round trips of 8 B, {} \
-         messages of 4 MiB with {} in flight into {} distinct receive slots",
-        options.iters, BW_MESSAGES, options.iters, BW_MESSAGES, BW_DEPTH, options.recv_slots
+         tbrdma bw --size 4194304 -n {}, --engine {}, CLI defaults otherwise; plugin: {} round \
+         trips of 8 B, {} messages of 4 MiB with {} in flight into {} distinct receive slots",
+        options.iters,
+        BW_MESSAGES,
+        options.engine,
+        options.iters,
+        BW_MESSAGES,
+        BW_DEPTH,
+        options.recv_slots
     );
-    let mut variants: Vec<(String, Vec<(String, String)>)> = vec![("default".into(), vec![])];
+    let mut variants: Vec<(String, Vec<(String, String)>)> =
+        if options.engine == default_engine(Progress::Caller).name() {
+            vec![("default".into(), vec![])]
+        } else {
+            vec![(
+                format!("{} engine", options.engine),
+                vec![("TBRDMA_ENGINE".into(), options.engine.into())],
+            )]
+        };
     variants.extend(options.variants.iter().cloned());
     let mut verbs = Vec::new();
     let mut plugin: Vec<Vec<Figures>> = vec![Vec::new(); variants.len()];

@@ -9,8 +9,9 @@ use crate::error::NetError;
 
 /// Links to use: comma-separated interface names or local IPv4 addresses.
 pub const ENV_IFACES: &str = "TBRDMA_IFACES";
-/// Engine backend: `sockets` or `uring` (falls back to sockets); default: the fastest for the
-/// progress mode ([`default_engine`]).
+/// Engine backend: `sockets`, `packet` (Ethernet frames; root on every host, falls back to
+/// sockets without the privilege) or `uring` (falls back to sockets); default: the fastest for
+/// the progress mode ([`default_engine`]).
 pub const ENV_ENGINE: &str = "TBRDMA_ENGINE";
 /// Progress mode: `caller` (default: NCCL's calls run the engine, the keeper when NCCL stops
 /// calling) or `thread` (an engine thread per link).
@@ -31,14 +32,17 @@ pub const DEFAULT_PROGRESS: Progress = Progress::Caller;
 pub const ENV_IDLE_TIMEOUT: &str = "TBRDMA_IDLE_TIMEOUT_MS";
 
 /// The engine backend when `TBRDMA_ENGINE` is unset: the fastest one measured for the progress
-/// mode (`benches/src/bin/pluginbench.rs`, docs/nccl.md "Performance"). With caller progress
-/// the io_uring ring cannot be single-issuer (NCCL's thread and the keeper both drive it) and
-/// each receive completion interrupts the polling CPU: sockets had the lower round trip
-/// (1.13x the verbs ping-pong against 1.65x) and the higher bandwidth. With an engine thread,
-/// the only user of its ring, io_uring was faster on both.
+/// mode (`benches/src/bin/pluginbench.rs`, docs/nccl.md "Performance"). With caller progress,
+/// the packet engine: the plugin's 8 B round trip took 0.74x the time it takes over sockets
+/// (12.9 against 17.4 µs, same run) at the same bandwidth. Without root it falls back to
+/// sockets (logged), and each link keeps a sockets side for the peers its frames cannot reach
+/// (`net::LocalLink::udp`), so hosts that differ still connect. io_uring lost to sockets there:
+/// its ring cannot be single-issuer (NCCL's thread and the keeper both drive it) and each
+/// receive completion interrupts the polling CPU. With an engine thread, the only user of its
+/// ring, io_uring was faster than sockets on both counts.
 pub fn default_engine(progress: Progress) -> EngineKind {
     match progress {
-        Progress::Caller => EngineKind::Sockets,
+        Progress::Caller => EngineKind::Packet,
         Progress::Thread => EngineKind::Uring,
     }
 }
@@ -94,9 +98,12 @@ impl PluginConfig {
             None | Some("") => default_engine(progress),
             Some("uring") => EngineKind::Uring,
             Some("sockets") => EngineKind::Sockets,
+            Some("packet") => EngineKind::Packet,
             Some(other) => {
                 return Err(NetError::Config {
-                    detail: format!("{ENV_ENGINE}={other:?}: use \"uring\" or \"sockets\""),
+                    detail: format!(
+                        "{ENV_ENGINE}={other:?}: use \"sockets\", \"packet\" or \"uring\""
+                    ),
                 });
             }
         };
@@ -148,12 +155,12 @@ mod tests {
     }
 
     #[test]
-    fn defaults_pick_caller_progress_with_the_keeper_taking_over_and_the_sockets_engine() {
+    fn defaults_pick_caller_progress_with_the_keeper_taking_over_and_the_packet_engine() {
         let c = PluginConfig::from_env(env(&[])).unwrap();
         assert!(c.links.is_empty());
         assert_eq!(c.engine.progress, Progress::Caller);
         assert!(c.engine.keeper_takeover);
-        assert_eq!(c.engine.engine, EngineKind::Sockets);
+        assert_eq!(c.engine.engine, EngineKind::Packet);
         let t = PluginConfig::from_env(env(&[(ENV_PROGRESS, "thread")])).unwrap();
         assert_eq!(t.engine.engine, EngineKind::Uring);
         assert_eq!(c.speed_mbps, None);
@@ -163,7 +170,7 @@ mod tests {
     fn every_variable_is_read() {
         let c = PluginConfig::from_env(env(&[
             (ENV_IFACES, "thunderbolt0, 10.0.0.1,"),
-            (ENV_ENGINE, "uring"),
+            (ENV_ENGINE, "packet"),
             (ENV_PROGRESS, "caller"),
             (ENV_SPEED, "40000"),
             (ENV_LATENCY, "12.5"),
@@ -171,11 +178,15 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(c.links, ["thunderbolt0", "10.0.0.1"]);
-        assert_eq!(c.engine.engine, EngineKind::Uring);
+        assert_eq!(c.engine.engine, EngineKind::Packet);
         assert_eq!(c.engine.progress, Progress::Caller);
         assert_eq!(c.speed_mbps, Some(40000));
         assert_eq!(c.latency_us, 12.5);
         assert_eq!(c.connect_timeout, Duration::from_millis(250));
+        for kind in [EngineKind::Sockets, EngineKind::Packet, EngineKind::Uring] {
+            let c = PluginConfig::from_env(env(&[(ENV_ENGINE, kind.name())])).unwrap();
+            assert_eq!(c.engine.engine, kind);
+        }
     }
 
     #[test]

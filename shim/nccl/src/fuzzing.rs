@@ -15,11 +15,11 @@ pub fn control(data: &[u8]) {
     let mut handle = [0u8; NCCL_NET_HANDLE_MAXSIZE];
     let n = data.len().min(NCCL_NET_HANDLE_MAXSIZE);
     handle[..n].copy_from_slice(&data[..n]);
-    if let Ok(addrs) = decode_handle(&handle) {
+    if let Ok(links) = decode_handle(&handle) {
         let id = handle_listen_id(&handle);
         let mut again = [0u8; NCCL_NET_HANDLE_MAXSIZE];
-        encode_handle(id, &addrs, &mut again);
-        assert_eq!(decode_handle(&again).ok(), Some(addrs));
+        encode_handle(id, &links, &mut again);
+        assert_eq!(decode_handle(&again).ok(), Some(links));
         assert_eq!(handle_listen_id(&again), id);
     }
     let _ = stage_of(&handle);

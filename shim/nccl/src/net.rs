@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use tbrdma_proto::codec::{Put, Reader, SOCKET_ADDR_LEN, SliceWriter};
 use tbrdma_verbs::{
-    CompletionQueue, Config, Device, DeviceConfig, Listener, ProtectionDomain, QpOptions,
-    VerbsError,
+    CompletionQueue, Config, Device, DeviceConfig, EngineConfig, EngineKind, Listener,
+    ProtectionDomain, QpOptions, VerbsError,
 };
 
 use crate::abi::NCCL_NET_HANDLE_MAXSIZE;
@@ -43,12 +43,15 @@ const ACCEPT_BACKLOG: usize = 64;
 /// Most links listed in a handle.
 pub const MAX_HANDLE_ADDRS: usize = 4;
 const HANDLE_MAGIC: &[u8; 4] = b"tbNC";
-const HANDLE_VERSION: u8 = 1;
+/// 2: each link's UDP listener port follows the addresses.
+const HANDLE_VERSION: u8 = 2;
+/// Where the UDP listeners' ports start (after the header and the largest address list).
+const UDP_PORTS_AT: usize = 16 + SOCKET_ADDR_LEN * MAX_HANDLE_ADDRS;
 /// Where the connector keeps its state in its own copy of the handle (NCCL passes the same
 /// buffer on every retry; the listener leaves these bytes zero).
 const STAGE_AT: usize = 96;
-// The listening addresses end before the staging field.
-const _: () = assert!(16 + SOCKET_ADDR_LEN * MAX_HANDLE_ADDRS <= STAGE_AT);
+// The listening addresses and their UDP ports end before the staging field.
+const _: () = assert!(UDP_PORTS_AT + 2 * MAX_HANDLE_ADDRS <= STAGE_AT);
 const STAGE_MAGIC: &[u8; 4] = b"stg1";
 /// How long the acceptor waits on one listener before looking at the next (and at `stop`).
 const ACCEPT_SLICE: Duration = Duration::from_millis(20);
@@ -66,9 +69,55 @@ pub struct LocalLink {
     pub prefix: u8,
     /// Reported speed, Mbit/s, if the interface says.
     pub speed: Option<i32>,
+    /// Where `device` sends Ethernet frames (the packet engine): a sockets device on the same
+    /// address, for the peers those frames cannot reach. A peer whose own device is over UDP
+    /// (its packet engine fell back for want of root, or it was told `sockets`) and a peer
+    /// with no cable to this host, reached through the kernels in between, which forward IP
+    /// packets and not these frames. None where `device` is over UDP itself.
+    pub udp: Option<Arc<LocalLink>>,
+}
+
+/// One link of a listen handle: its listener, and the port of the listener on the same
+/// address whose datagrams go over UDP (the listener's own port where its device is over UDP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HandleLink {
+    pub addr: SocketAddr,
+    pub udp_port: u16,
+}
+
+impl HandleLink {
+    /// Whether the link's listener carries datagrams as Ethernet frames.
+    fn framed(&self) -> bool {
+        self.udp_port != self.addr.port()
+    }
+
+    fn udp_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.addr.ip(), self.udp_port)
+    }
+}
+
+/// Whether `device` carries its datagrams as Ethernet frames rather than UDP.
+fn framed(device: &Device) -> bool {
+    device.engine_kind() == EngineKind::Packet
 }
 
 impl LocalLink {
+    /// The side of this link whose datagrams go over UDP.
+    fn udp_side(self: &Arc<Self>) -> Arc<LocalLink> {
+        self.udp.clone().unwrap_or_else(|| self.clone())
+    }
+
+    /// The local side and the listener to connect to for `peer`, a link this one reaches:
+    /// frames where both ends send frames, else UDP. A listener of this host's own is reached
+    /// over UDP too: frames leave by the cable, the kernel loops UDP back.
+    fn towards(self: &Arc<Self>, peer: &HandleLink) -> (Arc<LocalLink>, SocketAddr) {
+        if framed(&self.device) && peer.framed() && peer.addr.ip() != self.device.ip() {
+            (self.clone(), peer.addr)
+        } else {
+            (self.udp_side(), peer.udp_addr())
+        }
+    }
+
     fn reaches(&self, peer: IpAddr) -> bool {
         match (self.device.ip(), peer) {
             (IpAddr::V4(a), IpAddr::V4(b)) => {
@@ -189,13 +238,43 @@ impl Plugin {
                 },
             )
             .map_err(NetError::verbs(format!("opening link {name}")))?;
-            let pd = device.alloc_pd();
+            if let Some(reason) = device.engine_fallback() {
+                log::warn(&format!(
+                    "tbrdma NET: link {name} uses the {} engine: {reason}",
+                    device.engine_kind().name()
+                ));
+            }
+            let speed = iface.as_deref().and_then(interface_speed);
+            let udp = if framed(&device) {
+                let device = Device::open(
+                    &ip.to_string(),
+                    DeviceConfig {
+                        engine: EngineConfig {
+                            engine: EngineKind::Sockets,
+                            ..config.engine.clone()
+                        },
+                        port: 0,
+                    },
+                )
+                .map_err(NetError::verbs(format!("opening link {name} over UDP")))?;
+                Some(Arc::new(LocalLink {
+                    name: format!("{name} (UDP)"),
+                    pd: device.alloc_pd(),
+                    device,
+                    prefix,
+                    speed,
+                    udp: None,
+                }))
+            } else {
+                None
+            };
             links.push(Arc::new(LocalLink {
                 name: name.clone(),
-                pd,
+                pd: device.alloc_pd(),
                 device,
                 prefix,
-                speed: iface.as_deref().and_then(interface_speed),
+                speed,
+                udp,
             }));
         }
         if names.len() > MAX_HANDLE_ADDRS {
@@ -237,11 +316,16 @@ impl Plugin {
             .iter()
             .map(|l| {
                 format!(
-                    "{} ({}/{}, {} engine)",
+                    "{} ({}/{}, {} engine{})",
                     l.name,
                     l.device.ip(),
                     l.prefix,
-                    l.device.engine_kind().name()
+                    l.device.engine_kind().name(),
+                    if l.udp.is_some() {
+                        "; sockets towards peers over UDP or not on a cable"
+                    } else {
+                        ""
+                    }
                 )
             })
             .collect();
@@ -252,13 +336,16 @@ impl Plugin {
         )
     }
 
-    fn route(&self, addrs: &[SocketAddr]) -> (Arc<LocalLink>, SocketAddr) {
-        for addr in addrs {
-            if let Some(link) = self.links.iter().find(|l| l.reaches(addr.ip())) {
-                return (link.clone(), *addr);
+    /// The local side and the listener to connect to for a peer's handle: the first of its
+    /// links a cable of ours reaches; else, relayed by the kernels in between, our first link
+    /// to its first, over UDP.
+    fn route(&self, peer: &[HandleLink]) -> (Arc<LocalLink>, SocketAddr) {
+        for link in peer {
+            if let Some(ours) = self.links.iter().find(|l| l.reaches(link.addr.ip())) {
+                return ours.towards(link);
             }
         }
-        (self.links[0].clone(), addrs[0])
+        (self.links[0].udp_side(), peer[0].udp_addr())
     }
 }
 
@@ -309,27 +396,32 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 // ---------------------------------------------------------------------------------------
 // Handles
 
-/// Writes a listen handle: magic, version, the number of addresses, two zero bytes, the listen
-/// id, the listening addresses ([`SOCKET_ADDR_LEN`] bytes each), zeros after.
+/// Writes a listen handle: magic, version, the number of links, two zero bytes, the listen
+/// id, the listening addresses ([`SOCKET_ADDR_LEN`] bytes each), from [`UDP_PORTS_AT`] each
+/// link's UDP listener port (u16), zeros after.
 pub(crate) fn encode_handle(
     id: u64,
-    addrs: &[SocketAddr],
+    links: &[HandleLink],
     out: &mut [u8; NCCL_NET_HANDLE_MAXSIZE],
 ) {
     out.fill(0);
-    let addrs = &addrs[..addrs.len().min(MAX_HANDLE_ADDRS)];
-    let mut w = SliceWriter::new(out);
+    let links = &links[..links.len().min(MAX_HANDLE_ADDRS)];
+    let mut w = SliceWriter::new(&mut out[..UDP_PORTS_AT]);
     w.put_bytes(HANDLE_MAGIC);
     w.put_u8(HANDLE_VERSION);
-    w.put_u8(addrs.len() as u8);
+    w.put_u8(links.len() as u8);
     w.put_zeros(2);
     w.put_u64(id);
-    for &addr in addrs {
-        w.put_socket_addr(addr);
+    for link in links {
+        w.put_socket_addr(link.addr);
+    }
+    let mut w = SliceWriter::new(&mut out[UDP_PORTS_AT..STAGE_AT]);
+    for link in links {
+        w.put_u16(link.udp_port);
     }
 }
 
-pub(crate) fn decode_handle(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Vec<SocketAddr>> {
+pub(crate) fn decode_handle(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Vec<HandleLink>> {
     let mut r = Reader::new(h);
     if r.bytes(HANDLE_MAGIC.len()) != Some(HANDLE_MAGIC) || r.u8() != Some(HANDLE_VERSION) {
         return Err(NetError::misuse(
@@ -342,7 +434,18 @@ pub(crate) fn decode_handle(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Vec<Soc
         return Err(none());
     }
     r.skip(2 + 8).ok_or_else(none)?; // Padding and the listen id.
-    (0..n).map(|_| r.socket_addr().ok_or_else(none)).collect()
+    let addrs = (0..n)
+        .map(|_| r.socket_addr().ok_or_else(none))
+        .collect::<Result<Vec<_>>>()?;
+    let mut ports = Reader::new(&h[UDP_PORTS_AT..STAGE_AT]);
+    let no_port = || NetError::misuse("connect: the handle lists a link with no UDP port");
+    addrs
+        .into_iter()
+        .map(|addr| {
+            let udp_port = ports.u16().filter(|&p| p != 0).ok_or_else(no_port)?;
+            Ok(HandleLink { addr, udp_port })
+        })
+        .collect()
 }
 
 /// The listen id a handle carries (after [`decode_handle`] accepted it).
@@ -554,19 +657,27 @@ pub fn listen(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<u6
     check_dev(dev)?;
     let plugin = plugin()?;
     let mut listeners = Vec::new();
-    let mut addrs = Vec::new();
-    for link in &plugin.links {
+    let mut links = Vec::new();
+    let mut bind = |link: &Arc<LocalLink>| -> Result<SocketAddr> {
         let l = Listener::bind(&link.device, 0)
             .map_err(NetError::verbs(format!("listening on {}", link.name)))?;
-        addrs.push(
-            l.local_addr()
-                .map_err(NetError::verbs("listener address"))?,
-        );
+        let addr = l
+            .local_addr()
+            .map_err(NetError::verbs("listener address"))?;
         listeners.push((l, link.clone()));
+        Ok(addr)
+    };
+    for link in &plugin.links {
+        let addr = bind(link)?;
+        let udp_port = match &link.udp {
+            Some(udp) => bind(udp)?.port(),
+            None => addr.port(),
+        };
+        links.push(HandleLink { addr, udp_port });
     }
     let id = next_id();
     let nonce = listen_nonce(id);
-    encode_handle(nonce, &addrs, handle);
+    encode_handle(nonce, &links, handle);
     let accepted = Arc::new(Mutex::new(VecDeque::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let options = qp_options(&plugin.config);
@@ -599,7 +710,20 @@ pub fn listen(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<u6
         .unwrap_or_else(|e| e.into_inner())
         .get_or_insert_with(HashMap::new)
         .insert(id, obj);
-    log::info(&format!("tbrdma NET: listening on {addrs:?}"));
+    let listening: Vec<String> = links
+        .iter()
+        .map(|l| {
+            if l.framed() {
+                format!("{} (UDP side port {})", l.addr, l.udp_port)
+            } else {
+                l.addr.to_string()
+            }
+        })
+        .collect();
+    log::info(&format!(
+        "tbrdma NET: listening on {}",
+        listening.join(", ")
+    ));
     Ok(id)
 }
 
@@ -690,7 +814,7 @@ pub fn accept(listen_id: u64) -> Result<Option<u64>> {
 /// then reports None until the thread is done.
 pub fn connect(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Option<u64>> {
     check_dev(dev)?;
-    let addrs = decode_handle(handle)?;
+    let peer_links = decode_handle(handle)?;
     let mut pending = lock(&PENDING);
     let table = pending.get_or_insert_with(HashMap::new);
     // NCCL passes the same buffer on every retry, so the stage bytes find the helper. Should a
@@ -720,7 +844,7 @@ pub fn connect(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<O
         }
     }
     let plugin = plugin()?;
-    let (link, server) = plugin.route(&addrs);
+    let (link, server) = plugin.route(&peer_links);
     let mut options = qp_options(&plugin.config);
     options.private_data = connector_hello(handle_listen_id(handle));
     let p = Arc::new(PendingConnect {
@@ -906,12 +1030,20 @@ mod tests {
     #[test]
     fn handles_round_trip_and_keep_the_stage_apart() {
         let addrs = vec![
-            "10.1.2.3:4567".parse().unwrap(),
-            "[fe80::1]:9".parse().unwrap(),
+            HandleLink {
+                addr: "10.1.2.3:4567".parse().unwrap(),
+                udp_port: 4568,
+            },
+            HandleLink {
+                addr: "[fe80::1]:9".parse().unwrap(),
+                udp_port: 9,
+            },
         ];
+        assert!(addrs[0].framed() && !addrs[1].framed());
         let mut h = [0xaau8; NCCL_NET_HANDLE_MAXSIZE];
         encode_handle(77, &addrs, &mut h);
         assert_eq!(decode_handle(&h).unwrap(), addrs);
+        assert_eq!(handle_listen_id(&h), 77);
         assert_eq!(stage_of(&h), None);
         set_stage(&mut h, Some(0x1234));
         assert_eq!(stage_of(&h), Some(0x1234));
@@ -923,6 +1055,18 @@ mod tests {
     #[test]
     fn foreign_handles_are_refused() {
         let h = [0u8; NCCL_NET_HANDLE_MAXSIZE];
+        assert!(decode_handle(&h).is_err());
+        // A link with no UDP port, and a handle of the first version.
+        let link = HandleLink {
+            addr: "10.1.2.3:4567".parse().unwrap(),
+            udp_port: 4567,
+        };
+        let mut h = [0u8; NCCL_NET_HANDLE_MAXSIZE];
+        encode_handle(77, &[link], &mut h);
+        h[UDP_PORTS_AT..UDP_PORTS_AT + 2].fill(0);
+        assert!(decode_handle(&h).is_err());
+        encode_handle(77, &[link], &mut h);
+        h[4] = 1;
         assert!(decode_handle(&h).is_err());
     }
 

@@ -54,22 +54,42 @@ fn prepare(tag: &str) -> Option<PathBuf> {
     Some(dir)
 }
 
-/// Runs both ranks with `env` and the given versions; returns rank 0's and rank 1's output.
+/// Runs both ranks of a pair lab with `env` and the given versions; returns rank 0's and
+/// rank 1's output.
 fn run(lab: &Lab, dir: &Path, versions: &str, env: &[(&str, &str)]) -> [String; 2] {
+    let side = |rank: usize| Side {
+        lab_rank: rank,
+        ifaces: lab.address(rank, 1 - rank, 0).to_string(),
+        reached_at: lab.address(rank, 1 - rank, 0).to_string(),
+        env: env.to_vec(),
+    };
+    run_sides(lab, dir, versions, [side(0), side(1)])
+}
+
+/// One harness process: the lab rank whose namespace it runs in, its `TBRDMA_IFACES`, the
+/// address the other process reaches it at, and its environment.
+struct Side<'a> {
+    lab_rank: usize,
+    ifaces: String,
+    reached_at: String,
+    env: Vec<(&'a str, &'a str)>,
+}
+
+/// Runs the harness as rank 0 and rank 1 on the two sides; returns their outputs.
+fn run_sides(lab: &Lab, dir: &Path, versions: &str, sides: [Side<'_>; 2]) -> [String; 2] {
     let port = "18811";
     let children: Vec<_> = (0..2)
         .map(|rank| {
-            let me = lab.address(rank, 1 - rank, 0).to_string();
-            let peer = lab.address(1 - rank, rank, 0).to_string();
+            let (me, peer) = (&sides[rank], &sides[1 - rank]);
             let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", &lab.namespace(rank)])
+            cmd.args(["netns", "exec", &lab.namespace(me.lab_rank)])
                 .arg(dir.join("harness"))
                 .arg(dir)
-                .args([&rank.to_string(), &peer, port, versions])
-                .env("TBRDMA_IFACES", &me)
+                .args([&rank.to_string(), &peer.reached_at, port, versions])
+                .env("TBRDMA_IFACES", &me.ifaces)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
-            for (k, v) in env {
+            for (k, v) in &me.env {
                 cmd.env(k, v);
             }
             cmd.spawn().expect("start the harness")
@@ -198,6 +218,103 @@ fn the_c_harness_passes_over_a_faulty_cable() {
                 .unwrap_or_else(|| panic!("no {kind} count: {line}"));
             assert!(count > 0, "no datagram was {kind}: {line}");
         }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The packet engine on both ends: the plugin's data goes as Ethernet frames (counted on the
+/// cable by nftables where it can), and the whole v10 suite passes.
+#[test]
+fn the_c_harness_passes_over_frames() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("np", 2, LabTopology::Pair, 1) else {
+        return;
+    };
+    let Some(dir) = prepare("frames") else {
+        return;
+    };
+    let watching = lab.watch_frames();
+    let outs = run(&lab, &dir, "10", &[("TBRDMA_ENGINE", "packet")]);
+    for (rank, out) in outs.iter().enumerate() {
+        assert!(out.contains("v10: all scenarios passed"), "{out}");
+        assert!(out.contains("packet engine"), "{out}");
+        // Every connection to the other rank took the frames (the harness's connections to
+        // its own listener go over UDP, which the kernel loops back).
+        let peer = format!("connected to {}:", lab.address(1 - rank, rank, 0));
+        let to_peer: Vec<&str> = out.lines().filter(|l| l.contains(&peer)).collect();
+        assert!(!to_peer.is_empty(), "{out}");
+        assert!(to_peer.iter().all(|l| !l.contains("(UDP)")), "{out}");
+    }
+    match watching {
+        Ok(()) => {
+            let (frames, broadcast) = lab.frames_sent();
+            // The suite moves hundreds of messages each way.
+            assert!(frames > 1000, "{frames} frames counted");
+            assert_eq!(broadcast, 0);
+        }
+        Err(why) => eprintln!("frames not counted: {why}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One end on the packet engine, the other on sockets (as where one host lacks root): every
+/// connection takes the UDP side of the packet end's link, and the suite passes.
+#[test]
+fn the_c_harness_passes_between_frames_and_udp() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("nm", 2, LabTopology::Pair, 1) else {
+        return;
+    };
+    let Some(dir) = prepare("mixed") else {
+        return;
+    };
+    let side = |rank: usize, engine| Side {
+        lab_rank: rank,
+        ifaces: lab.address(rank, 1 - rank, 0).to_string(),
+        reached_at: lab.address(rank, 1 - rank, 0).to_string(),
+        env: vec![("TBRDMA_ENGINE", engine)],
+    };
+    let outs = run_sides(&lab, &dir, "10", [side(0, "packet"), side(1, "sockets")]);
+    for out in &outs {
+        assert!(out.contains("v10: all scenarios passed"), "{out}");
+    }
+    assert!(
+        outs[0].contains("packet engine; sockets towards"),
+        "{}",
+        outs[0]
+    );
+    // The packet end connected and accepted on its UDP side.
+    assert!(outs[0].contains("(UDP)"), "{}", outs[0]);
+    assert!(!outs[1].contains("packet engine"), "{}", outs[1]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Ranks 0 and 2 of a ring of four have no cable between them: with the packet engine, the
+/// plugin reaches the other through the kernels of the hosts in between, on its UDP side.
+#[test]
+fn the_c_harness_passes_relayed_with_the_packet_engine() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("nr", 4, LabTopology::Ring, 1) else {
+        return;
+    };
+    let Some(dir) = prepare("relayed") else {
+        return;
+    };
+    let side = |rank: usize| Side {
+        lab_rank: rank,
+        ifaces: format!(
+            "{},{}",
+            lab.address(rank, (rank + 1) % 4, 0),
+            lab.address(rank, (rank + 3) % 4, 0)
+        ),
+        reached_at: lab.address(rank, (rank + 1) % 4, 0).to_string(),
+        env: vec![("TBRDMA_ENGINE", "packet")],
+    };
+    let outs = run_sides(&lab, &dir, "10", [side(0), side(2)]);
+    for out in &outs {
+        assert!(out.contains("v10: all scenarios passed"), "{out}");
+        assert!(out.contains("packet engine; sockets towards"), "{out}");
+        assert!(out.contains("(UDP)"), "{out}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
