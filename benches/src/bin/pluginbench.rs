@@ -25,6 +25,10 @@
 //! plugin's default run (`TBRDMA_ENGINE`), so that the verdicts compare the plugin with the
 //! transport under it, engine for engine.
 //!
+//! `--lat-size N` (default 8, at most 16 KiB, the plugin's eager limit) sets the size of the
+//! round trip's messages, in the plugin and the verbs ping-pong alike: a tensor-parallel decode
+//! step's all-reduce moves 16 KiB.
+//!
 //! `--recv-slots N` (default 8, NCCL's: one slot per step in flight) sets how many distinct
 //! 4 MiB receive slots the stream cycles through; `--recv-slots 1` gives the receiver the
 //! working set of `tbrdma bw`, which writes every message into one 4 MiB target, so that the
@@ -56,12 +60,14 @@ use tbrdma_netdev::hostfile::Hostfile;
 use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
 use tbrdma_verbs::Progress;
 
-const USAGE: &str = "usage: pluginbench [--rounds N] [--iters N] [--recv-slots N] [--engine sockets|packet|uring] [--variant NAME=VAR=VALUE[,VAR=VALUE]]... [--tbrdma PATH]
+const USAGE: &str = "usage: pluginbench [--rounds N] [--iters N] [--recv-slots N] [--lat-size N] [--engine sockets|packet|uring] [--variant NAME=VAR=VALUE[,VAR=VALUE]]... [--tbrdma PATH]
   Run as root. Builds a two-namespace lab and compares the NCCL plugin (default settings, then
   each variant) with `tbrdma pingpong --op send` and `tbrdma bw` in the same run.";
 
 /// 8 B round trips per plugin run (and per verbs ping-pong).
 const LAT_ITERS: usize = 5000;
+/// Largest round-trip message: the plugin's eager limit, one datagram each way.
+const LAT_SIZE_MAX: usize = 16 << 10;
 /// 4 MiB messages per bandwidth run.
 const BW_MESSAGES: usize = 1200;
 const BW_SIZE: usize = 4 << 20;
@@ -71,6 +77,8 @@ const BW_DEPTH: usize = 8;
 struct Options {
     rounds: usize,
     iters: usize,
+    /// Bytes of each round trip's messages.
+    lat_size: usize,
     recv_slots: usize,
     /// The engine of the verbs baseline and of the plugin's default run.
     engine: &'static str,
@@ -82,6 +90,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
     let mut options = Options {
         rounds: 3,
         iters: LAT_ITERS,
+        lat_size: 8,
         recv_slots: BW_DEPTH,
         engine: default_engine(Progress::Caller).name(),
         variants: Vec::new(),
@@ -96,6 +105,12 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
         match a.as_str() {
             "--rounds" => options.rounds = value()?.parse()?,
             "--iters" => options.iters = value()?.parse()?,
+            "--lat-size" => {
+                options.lat_size = value()?.parse()?;
+                if !(1..=LAT_SIZE_MAX).contains(&options.lat_size) {
+                    bail!("--lat-size must be 1 to {LAT_SIZE_MAX}");
+                }
+            }
             "--recv-slots" => {
                 options.recv_slots = value()?.parse()?;
                 if options.recv_slots == 0 {
@@ -315,16 +330,20 @@ fn connect_rank(oob: &mut TcpStream, recv_slots: usize) -> anyhow::Result<Rank> 
     })
 }
 
-/// Rank 0: `iters` timed 8 B round trips, then the 4 MiB stream; prints one JSON line.
-fn ping(rank: &mut Rank, iters: usize) -> anyhow::Result<()> {
+/// Rank 0: `iters` timed round trips of `size` bytes, then the 4 MiB stream; prints one JSON
+/// line.
+fn ping(rank: &mut Rank, iters: usize, size: usize) -> anyhow::Result<()> {
     let warmup = iters / 10;
     let mut samples = Vec::with_capacity(iters);
     let mut pending = rank.irecv(0)?;
     for i in 0..warmup + iters {
         let t = Instant::now();
-        let s = rank.isend(8)?;
-        wait(pending)?;
+        let s = rank.isend(size)?;
+        let got = wait(pending)?;
         let rtt = t.elapsed();
+        if got as usize != size {
+            bail!("an answer of {got} bytes, not {size}");
+        }
         if i >= warmup {
             samples.push(rtt.as_secs_f64() * 1e6);
         }
@@ -355,18 +374,18 @@ fn ping(rank: &mut Rank, iters: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Rank 1: answers every 8 B message, then receives the stream and answers its end.
-fn pong(rank: &mut Rank, iters: usize) -> anyhow::Result<()> {
+/// Rank 1: answers every message of `size` bytes, then receives the stream and answers its end.
+fn pong(rank: &mut Rank, iters: usize, size: usize) -> anyhow::Result<()> {
     let warmup = iters / 10;
     let mut pending = rank.irecv(0)?;
     for _ in 0..warmup + iters {
         let got = wait(pending)?;
-        if got != 8 {
-            bail!("a ping of {got} bytes, not 8");
+        if got as usize != size {
+            bail!("a ping of {got} bytes, not {size}");
         }
         // Answer first, then post the next receive, as the verbs ping-pong's server does (a
         // ping that comes first waits in a bounce buffer).
-        let s = rank.isend(8)?;
+        let s = rank.isend(size)?;
         pending = rank.irecv(0)?;
         wait(s)?;
     }
@@ -393,7 +412,7 @@ fn pong(rank: &mut Rank, iters: usize) -> anyhow::Result<()> {
 }
 
 fn rank_main(args: &[String]) -> anyhow::Result<()> {
-    // --rank R --peer IP --port P --iters N --recv-slots N
+    // --rank R --peer IP --port P --iters N --lat-size N --recv-slots N
     let get = |name: &str| {
         args.iter()
             .position(|a| a == name)
@@ -403,6 +422,7 @@ fn rank_main(args: &[String]) -> anyhow::Result<()> {
     let r: usize = get("--rank")?.parse()?;
     let port: u16 = get("--port")?.parse()?;
     let iters: usize = get("--iters")?.parse()?;
+    let lat_size: usize = get("--lat-size")?.parse()?;
     let recv_slots: usize = get("--recv-slots")?.parse()?;
     let mut oob = if r == 0 {
         let l = TcpListener::bind(("0.0.0.0", port))?;
@@ -426,9 +446,9 @@ fn rank_main(args: &[String]) -> anyhow::Result<()> {
     let mut go = [0u8; 2];
     oob.read_exact(&mut go)?;
     if r == 0 {
-        ping(&mut rank, iters)?;
+        ping(&mut rank, iters, lat_size)?;
     } else {
-        pong(&mut rank, iters)?;
+        pong(&mut rank, iters, lat_size)?;
     }
     // Neither leaves before both are done: the last acknowledgements are still on their way.
     oob.write_all(b"ok")?;
@@ -533,7 +553,8 @@ fn verbs_run(options: &Options, lab: &Lab, port: u16) -> anyhow::Result<Figures>
         ]
     };
     let mut server = common("pingpong");
-    server.extend(["--op", "send", "--size", "8", "--bind"].map(String::from));
+    let size = options.lat_size.to_string();
+    server.extend(["--op", "send", "--size", &size, "--bind"].map(String::from));
     server.push(lab.address(0));
     server.extend(["-n".into(), options.iters.to_string()]);
     let mut client = server.clone();
@@ -582,6 +603,8 @@ fn plugin_run(
             port.to_string(),
             "--iters".into(),
             options.iters.to_string(),
+            "--lat-size".into(),
+            options.lat_size.to_string(),
             "--recv-slots".into(),
             options.recv_slots.to_string(),
         ]
@@ -645,13 +668,15 @@ fn run(options: &Options) -> anyhow::Result<bool> {
             .join(" ")
     );
     println!(
-        "# verbs: tbrdma pingpong --op send --size 8 -n {} (round trip = 2 x one-way) and \
+        "# verbs: tbrdma pingpong --op send --size {} -n {} (round trip = 2 x one-way) and \
          tbrdma bw --size 4194304 -n {}, --engine {}, CLI defaults otherwise; plugin: {} round \
-         trips of 8 B, {} messages of 4 MiB with {} in flight into {} distinct receive slots",
+         trips of {} B, {} messages of 4 MiB with {} in flight into {} distinct receive slots",
+        options.lat_size,
         options.iters,
         BW_MESSAGES,
         options.engine,
         options.iters,
+        options.lat_size,
         BW_MESSAGES,
         BW_DEPTH,
         options.recv_slots
