@@ -490,7 +490,7 @@ pub(crate) fn fold_ranks(
             _ => {
                 let partial = &mut scratch.partial;
                 partial.resize(out.len(), 0);
-                with(0, &mut |x0| partial.copy_from_slice(x0));
+                with(0, &mut |x0| tbrdma_verbs::copy_slice(partial, x0));
                 for p in 1..local {
                     with(p, &mut |x| combine(dtype, op, partial, x));
                 }
@@ -499,7 +499,7 @@ pub(crate) fn fold_ranks(
         }
         local + 1
     } else if world == 1 {
-        with(0, &mut |x0| out.copy_from_slice(x0));
+        with(0, &mut |x0| tbrdma_verbs::copy_slice(out, x0));
         1
     } else {
         // out = x0 op x1 in one pass, with no copy of x0 first.

@@ -125,7 +125,7 @@ impl Communicator {
         check_elements("all_reduce", out.len(), dtype)?;
         if self.world == 1 || out.is_empty() {
             if let Some(input) = input {
-                out.copy_from_slice(input);
+                tbrdma_verbs::copy_slice(out, input);
             }
             return Ok(());
         }
@@ -168,7 +168,7 @@ impl Communicator {
         let mine = mine.start * es..mine.end * es;
         check_len("reduce_scatter", "the output", output.len(), mine.len())?;
         if self.world == 1 {
-            output.copy_from_slice(input);
+            tbrdma_verbs::copy_slice(output, input);
             return Ok(());
         }
         if input.is_empty() {
@@ -191,7 +191,7 @@ impl Communicator {
             op,
         };
         let result = ring::run(self, &mut work, Some(input), &plan);
-        output.copy_from_slice(&work[mine]);
+        tbrdma_verbs::copy_slice(output, &work[mine]);
         self.scratch.work = work;
         result
     }
@@ -202,7 +202,10 @@ impl Communicator {
         self.check_usable()?;
         let block = input.len();
         check_len("all_gather", "the output", output.len(), block * self.world)?;
-        output[self.rank * block..(self.rank + 1) * block].copy_from_slice(input);
+        tbrdma_verbs::copy_slice(
+            &mut output[self.rank * block..(self.rank + 1) * block],
+            input,
+        );
         if self.world == 1 || block == 0 {
             return Ok(());
         }

@@ -65,7 +65,7 @@ pub(crate) fn run(
     let (r, n) = (comm.rank, comm.world);
     if n == 1 {
         if let Some(input) = input {
-            work.copy_from_slice(input);
+            tbrdma_verbs::copy_slice(work, input);
         }
         return Ok(());
     }

@@ -555,6 +555,23 @@ enum Store {
     Streaming,
 }
 
+/// `dst.copy_from_slice(src)`, without glibc's slow case (see [`copy_bytes`]): for copies
+/// between ordinary buffers on a message's path (the collectives' working buffers). Two
+/// 16 KiB `Vec`s allocated one after the other lie 16 KiB + 16 bytes apart, exactly that case.
+///
+/// # Panics
+/// If the lengths differ.
+pub fn copy_slice(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(
+        dst.len(),
+        src.len(),
+        "copy_slice between slices of different lengths"
+    );
+    // SAFETY: both slices are valid for their length, which is the same, and a `&mut` slice
+    // never overlaps a `&` one.
+    unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), src.len()) }
+}
+
 /// Copies of at least this many bytes whose destination lies less than [`SHORT_DISTANCE`]
 /// bytes past the source, modulo 4 KiB, go by [`copy_blocks`] (see [`copy_bytes`]).
 const SHORT_DISTANCE_MIN_LEN: usize = 1024;
@@ -737,6 +754,14 @@ mod tests {
                     assert_eq!(&back[distance..], &data[at..at + len]);
                 }
             }
+        }
+        // Between Rust slices of one allocation, at short distances and not.
+        for distance in [0, 8, 16, 40, 63, 64, 4096 + 16] {
+            let mut both = vec![0u8; 2 * 16_384 + 4096 + 64];
+            both[..16_384].copy_from_slice(&data[..16_384]);
+            let (from, to) = both.split_at_mut(16_384 + distance);
+            copy_slice(&mut to[..16_384], &from[..16_384]);
+            assert_eq!(&to[..16_384], &data[..16_384], "slices {distance}");
         }
         // Overlapping ranges in one buffer, the destination a little past the source.
         for distance in [1, 8, 16, 63, 64] {

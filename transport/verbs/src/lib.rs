@@ -85,7 +85,7 @@ pub use tbrdma_auth::{Auth, Secret};
 pub use tbrdma_engine::cq::Completion;
 pub use tbrdma_engine::io::EngineKind;
 pub use tbrdma_engine::io::faults;
-pub use tbrdma_engine::memory::SinkFn;
+pub use tbrdma_engine::memory::{SinkFn, copy_slice};
 pub use tbrdma_engine::worker::{EngineConfig, LANDING_MIN, Progress, SEND_HEADROOM};
 pub use tbrdma_proto::{
     Access, Config, ConnectionError, ConnectionState, Event, RecvWr, RemoteAddr, SendOp, SendWr,
