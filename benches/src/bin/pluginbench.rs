@@ -58,7 +58,7 @@ use serde_json::Value;
 use tbrdma_benches::LabGuard;
 use tbrdma_netdev::hostfile::Hostfile;
 use tbrdma_netdev::lab::{self, LabOptions, LabTopology};
-use tbrdma_verbs::Progress;
+use tbrdma_verbs::{EngineKind, Progress};
 
 const USAGE: &str = "usage: pluginbench [--rounds N] [--iters N] [--recv-slots N] [--lat-size N] [--engine sockets|packet|uring] [--variant NAME=VAR=VALUE[,VAR=VALUE]]... [--tbrdma PATH]
   Run as root. Builds a two-namespace lab and compares the NCCL plugin (default settings, then
@@ -119,12 +119,10 @@ fn parse_args(args: &[String]) -> anyhow::Result<Options> {
             }
             "--tbrdma" => options.tbrdma = value()?.into(),
             "--engine" => {
-                options.engine = match value()?.as_str() {
-                    "sockets" => "sockets",
-                    "packet" => "packet",
-                    "uring" => "uring",
-                    other => bail!("--engine {other}: sockets, packet or uring"),
-                }
+                options.engine = value()?
+                    .parse::<EngineKind>()
+                    .map_err(|e| anyhow!("--engine: {e}"))?
+                    .name();
             }
             "--variant" => {
                 let v = value()?;

@@ -96,11 +96,6 @@ impl HandleLink {
     }
 }
 
-/// Whether `device` carries its datagrams as Ethernet frames rather than UDP.
-fn framed(device: &Device) -> bool {
-    device.engine_kind() == EngineKind::Packet
-}
-
 impl LocalLink {
     /// The side of this link whose datagrams go over UDP.
     fn udp_side(self: &Arc<Self>) -> Arc<LocalLink> {
@@ -111,7 +106,7 @@ impl LocalLink {
     /// frames where both ends send frames, else UDP. A listener of this host's own is reached
     /// over UDP too: frames leave by the cable, the kernel loops UDP back.
     fn towards(self: &Arc<Self>, peer: &HandleLink) -> (Arc<LocalLink>, SocketAddr) {
-        if framed(&self.device) && peer.framed() && peer.addr.ip() != self.device.ip() {
+        if self.device.carries_frames() && peer.framed() && peer.addr.ip() != self.device.ip() {
             (self.clone(), peer.addr)
         } else {
             (self.udp_side(), peer.udp_addr())
@@ -230,52 +225,34 @@ impl Plugin {
         let mut links = Vec::new();
         for name in names.iter().take(MAX_HANDLE_ADDRS) {
             let (ip, prefix, iface) = interface_of(name)?;
-            let device = Device::open(
-                &ip.to_string(),
-                DeviceConfig {
-                    engine: config.engine.clone(),
-                    port: 0,
-                },
-            )
-            .map_err(NetError::verbs(format!("opening link {name}")))?;
-            if let Some(reason) = device.engine_fallback() {
-                log::warn(&format!(
-                    "tbrdma NET: link {name} uses the {} engine: {reason}",
-                    device.engine_kind().name()
-                ));
-            }
             let speed = iface.as_deref().and_then(interface_speed);
-            let udp = if framed(&device) {
-                let device = Device::open(
-                    &ip.to_string(),
-                    DeviceConfig {
-                        engine: EngineConfig {
-                            engine: EngineKind::Sockets,
-                            ..config.engine.clone()
-                        },
-                        port: 0,
-                    },
-                )
-                .map_err(NetError::verbs(format!("opening link {name} over UDP")))?;
-                Some(Arc::new(LocalLink {
-                    name: format!("{name} (UDP)"),
+            let open = |name: String, engine: EngineConfig| -> Result<LocalLink> {
+                let device = Device::open(&ip.to_string(), DeviceConfig { engine, port: 0 })
+                    .map_err(NetError::verbs(format!("opening link {name}")))?;
+                Ok(LocalLink {
+                    name,
                     pd: device.alloc_pd(),
                     device,
                     prefix,
                     speed,
                     udp: None,
-                }))
-            } else {
-                None
+                })
             };
-            links.push(Arc::new(LocalLink {
-                name: name.clone(),
-                pd: device.alloc_pd(),
-                device,
-                prefix,
-                speed,
-                udp,
-            }));
+            let mut link = open(name.clone(), config.engine.clone())?;
+            if let Some(reason) = link.device.engine_fallback() {
+                log::warn(&format!(
+                    "tbrdma NET: link {name} uses the {} engine: {reason}",
+                    link.device.engine_kind().name()
+                ));
+            }
+            if link.device.carries_frames() {
+                let sockets = EngineConfig {
+                    engine: EngineKind::Sockets,
+                    ..config.engine.clone()
+                };
+                link.udp = Some(Arc::new(open(format!("{name} (UDP)"), sockets)?));
+            }
+            links.push(Arc::new(link));
         }
         if names.len() > MAX_HANDLE_ADDRS {
             log::warn(&format!(

@@ -252,17 +252,14 @@ impl Buffer {
         let inside = |at: usize, size: usize| at.checked_add(len).is_some_and(|end| end <= size);
         assert!(inside(offset, self.len), "copy from outside the buffer");
         assert!(inside(dst_offset, dst.len), "copy to outside the buffer");
-        let from = self.ptr.as_ptr() as usize + offset;
-        let to = dst.ptr.as_ptr() as usize + dst_offset;
+        let src = self.ptr.as_ptr().wrapping_add(offset);
+        let dst = dst.ptr.as_ptr().wrapping_add(dst_offset);
+        let (from, to) = (src as usize, dst as usize);
         let overlap = from < to + len && to < from + len;
         // SAFETY: both ranges are inside live mappings (checked above); `ptr::copy` allows them
         // to overlap, and `copy_bytes` gets them only when they do not. Concurrent writes by
         // the engine are the RDMA contract (module docs).
         unsafe {
-            let (src, dst) = (
-                self.ptr.as_ptr().add(offset),
-                dst.ptr.as_ptr().add(dst_offset),
-            );
             if overlap {
                 std::ptr::copy(src, dst, len)
             } else {

@@ -121,11 +121,6 @@ pub(crate) struct Frame {
     framed: bool,
 }
 
-/// Whether `device` carries its datagrams as Ethernet frames (see [`Frame::framed`]).
-fn framed(device: &Device) -> bool {
-    device.engine_kind() == tbrdma_engine::io::EngineKind::Packet
-}
-
 /// The refusal when the two sides carry datagrams differently: neither would see the other's.
 fn path_mismatch(ours: bool, theirs: bool) -> Option<String> {
     let how = |framed: bool| {
@@ -735,7 +730,7 @@ impl Listener {
         }
         let peer_name = from.to_string();
         let mut io = DeadlineStream::new(&stream, deadline);
-        if let Some(detail) = path_mismatch(framed(&self.device), hello.framed) {
+        if let Some(detail) = path_mismatch(self.device.carries_frames(), hello.framed) {
             // Tell the client why too (a refusal carries its reason as private data).
             let refusal = Frame {
                 kind: 3,
@@ -743,10 +738,10 @@ impl Listener {
                 qp_num: 0,
                 max_datagram: 0,
                 token: 0,
-                private: path_mismatch(hello.framed, framed(&self.device))
+                private: path_mismatch(hello.framed, self.device.carries_frames())
                     .unwrap_or_default()
                     .into_bytes(),
-                framed: framed(&self.device),
+                framed: self.device.carries_frames(),
             };
             let _ = write_frame(&mut io, &refusal);
             return Err(VerbsError::Handshake {
@@ -763,7 +758,7 @@ impl Listener {
             max_datagram: self.device.inner.engine.config().max_datagram as u32,
             token,
             private: opts.private_data.clone(),
-            framed: framed(&self.device),
+            framed: self.device.carries_frames(),
         };
         // The connection exists before the client hears of it, so its CONNECT finds it.
         let agreed = Agreed {
@@ -868,7 +863,7 @@ pub fn connect(
         max_datagram: device.inner.engine.config().max_datagram as u32,
         token: 0,
         private: opts.private_data.clone(),
-        framed: framed(device),
+        framed: device.carries_frames(),
     };
     write_frame(&mut stream, &hello).map_err(|e| VerbsError::Handshake {
         peer: peer_name.clone(),
@@ -887,7 +882,7 @@ pub fn connect(
             detail: "expected a welcome".into(),
         });
     }
-    if let Some(detail) = path_mismatch(framed(device), welcome.framed) {
+    if let Some(detail) = path_mismatch(device.carries_frames(), welcome.framed) {
         return Err(VerbsError::Handshake {
             peer: peer_name,
             detail,

@@ -148,6 +148,12 @@ impl Device {
         self.inner.engine.kind()
     }
 
+    /// Whether this device carries its datagrams as Ethernet frames (the packet engine)
+    /// rather than UDP: a peer must do the same to hear it.
+    pub fn carries_frames(&self) -> bool {
+        self.engine_kind() == EngineKind::Packet
+    }
+
     /// Whether every queue pair of this device asks for data digests
     /// (`EngineConfig::data_digest`, `TBRDMA_DATA_DIGEST`, or a fault plan that corrupts);
     /// a queue pair's own `Config::data_digest`, or its peer's, can ask too.
