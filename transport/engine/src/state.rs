@@ -74,6 +74,9 @@ pub struct NewConnection {
     pub params: ConnectParams,
     /// The peer's data socket on each rail, in rail order.
     pub peers: Vec<SocketAddr>,
+    /// The peer receives Ethernet frames (its connection manager said so): false sends it
+    /// UDP even from the packet engine, which other backends always do.
+    pub peer_takes_frames: bool,
     /// The protection domain whose regions the connection's requests name.
     pub pd: PdId,
     /// Where send-queue completions go.
@@ -121,6 +124,8 @@ struct Slot {
     conn: Connection,
     /// The peer's data socket on each rail: datagrams from anywhere else are dropped.
     peers: Vec<SocketAddr>,
+    /// The peer receives Ethernet frames (see [`NewConnection::peer_takes_frames`]).
+    peer_takes_frames: bool,
     /// Protection domain (index of its arena).
     pd: usize,
     /// Where send-queue completions go.
@@ -175,7 +180,11 @@ pub(crate) struct State {
     /// Whom each rail's socket should be connected to (each backend knows whom it is, see
     /// `apply_bindings`).
     bindings: Vec<Binding>,
-    /// Counts the changes to `bindings`: a set of rails that applied this many is up to date.
+    /// Every connection's peer data sockets and whether the peer takes Ethernet frames
+    /// ([`NewConnection::peer_takes_frames`]), sorted, which the rails learn with the bindings.
+    peer_carriers: Vec<(SocketAddr, bool)>,
+    /// Counts the changes to `bindings` and `peer_carriers`: a set of rails that applied this
+    /// many is up to date.
     bindings_version: u64,
     /// Payloads of at least this many bytes are sent from their region in place
     /// ([`crate::worker::EngineConfig::gather_threshold`]; `usize::MAX`: never).
@@ -244,6 +253,7 @@ impl State {
             dirty: false,
             any_detached: false,
             bindings: vec![Binding::Open; rails],
+            peer_carriers: Vec::new(),
             bindings_version: 0,
             gather_from,
             data_digest,
@@ -465,6 +475,7 @@ impl State {
             active,
             params,
             peers,
+            peer_takes_frames,
             pd,
             send_cq,
             recv_cq,
@@ -484,10 +495,15 @@ impl State {
                 Binding::Peer(_) | Binding::Shared => Binding::Shared,
             };
         }
+        self.peer_carriers
+            .extend(peers.iter().map(|&p| (p, peer_takes_frames)));
+        self.peer_carriers.sort_unstable();
+        self.peer_carriers.dedup();
         self.bindings_version += 1;
         let slot = Slot {
             conn,
             peers,
+            peer_takes_frames,
             pd: pd.0,
             send_cq,
             recv_cq,
@@ -561,6 +577,10 @@ impl State {
             return;
         }
         cold_path();
+        // (First: a backend that learns a peer hears only UDP looks no MAC address up for it.)
+        for io in rails.iter_mut() {
+            io.set_peer_carriers(&self.peer_carriers);
+        }
         for (rail, binding) in self.bindings.iter_mut().enumerate() {
             let target = binding.target();
             if target == rails[rail].peer() {
@@ -860,11 +880,13 @@ impl State {
         // Dropped queue pairs whose CLOSE is now in the batch leave the table, and their
         // requests that never completed stop counting as users of their regions (else the
         // regions stay pinned for good: `deregister` would only ever revoke them).
+        let mut some_gone = false;
         if std::mem::take(any_detached) {
             conns.retain(|_, slot| {
                 if !slot.detached {
                     return true;
                 }
+                some_gone = true;
                 while !slot.sq_regions.is_empty() {
                     unused.extend(release_completed(
                         region_users,
@@ -907,7 +929,23 @@ impl State {
         self.next_deadline = deadline;
         self.acks_held = acks_held;
         self.completions_routed = self.completions_routed.wrapping_add(routed);
+        if some_gone {
+            cold_path();
+            self.forget_gone_peers();
+        }
         Ok(sent)
+    }
+
+    /// Rebuilds `peer_carriers` from the connections left, after some left the table.
+    fn forget_gone_peers(&mut self) {
+        self.peer_carriers = self
+            .conns
+            .values()
+            .flat_map(|slot| slot.peers.iter().map(|&p| (p, slot.peer_takes_frames)))
+            .collect();
+        self.peer_carriers.sort_unstable();
+        self.peer_carriers.dedup();
+        self.bindings_version += 1;
     }
 
     /// The earliest connection deadline.
@@ -1243,6 +1281,7 @@ mod tests {
                     initial_psn: Psn(0),
                 },
                 peers: vec!["127.0.0.1:9".parse().unwrap()],
+                peer_takes_frames: false,
                 pd,
                 send_cq: send.clone(),
                 recv_cq: recv.clone(),

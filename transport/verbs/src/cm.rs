@@ -29,8 +29,10 @@
 //! (u8: 1 hello, 2 welcome, 3 reject), the number of rails (u8, 1 to 8) and the sender's data
 //! socket on each (16-byte IPv6 or IPv4-mapped address, u16 port), queue pair number (u32),
 //! largest datagram (u32), session token (u64, welcome only; zero otherwise), private-data
-//! length (u32) and bytes. A reject carries a UTF-8 message as its private data. A connection
-//! uses as many rails as the side with fewer has, pairing them in order.
+//! length (u32) and bytes, then how the sender carries datagrams (u8, [`Carrier`]; absent
+//! from builds that predate the packet engine). A reject carries a UTF-8 message as its
+//! private data. A connection uses as many rails as the side with fewer has, pairing them in
+//! order.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -116,27 +118,53 @@ pub(crate) struct Frame {
     max_datagram: u32,
     token: u64,
     private: Vec<u8>,
-    /// The sender's datagrams travel as Ethernet frames (the packet engine) rather than UDP.
-    /// Sent as one byte after the private data; a frame without it (an older build) means UDP.
-    framed: bool,
+    /// How the sender carries datagrams.
+    carrier: Carrier,
 }
 
-/// The refusal when the two sides carry datagrams differently: neither would see the other's.
-fn path_mismatch(ours: bool, theirs: bool) -> Option<String> {
-    let how = |framed: bool| {
-        if framed {
-            "as Ethernet frames (the packet engine)"
+/// How a side carries its datagrams: one byte after a setup message's private data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Carrier {
+    /// UDP only: the sockets and io_uring engines (and a message without the byte, from a
+    /// build that predates the packet engine; or a value this build does not know).
+    Udp = 0,
+    /// Ethernet frames only: the packet engine of builds before it also spoke UDP.
+    FramesOnly = 1,
+    /// The packet engine: frames to peers that take them on its link, UDP to the others, and
+    /// both received.
+    Frames = 2,
+}
+
+impl Carrier {
+    fn of(device: &Device) -> Carrier {
+        if device.carries_frames() {
+            Carrier::Frames
         } else {
-            "over UDP (the sockets or io_uring engine)"
+            Carrier::Udp
         }
-    };
-    (ours != theirs).then(|| {
-        format!(
-            "this side sends datagrams {} and the peer {}: use the same engine on both (the packet engine needs root on both hosts; the sockets engine works everywhere)",
-            how(ours),
-            how(theirs)
-        )
-    })
+    }
+
+    fn from_byte(byte: Option<u8>) -> Carrier {
+        match byte {
+            Some(1) => Carrier::FramesOnly,
+            Some(2) => Carrier::Frames,
+            _ => Carrier::Udp,
+        }
+    }
+}
+
+/// Whether this side may send the peer Ethernet frames, given how each carries datagrams; or,
+/// when the two would never hear each other (a UDP side and an older frames-only peer), the
+/// refusal's detail.
+fn peer_takes_frames(ours: Carrier, theirs: Carrier) -> std::result::Result<bool, String> {
+    match (ours, theirs) {
+        (Carrier::Udp, Carrier::FramesOnly) | (Carrier::FramesOnly, Carrier::Udp) => Err(
+            "one side sends datagrams only as Ethernet frames (the packet engine of an older tbrdma) and the other only over UDP (the sockets or io_uring engine): use the same tbrdma version on both hosts, or the same engine"
+                .into(),
+        ),
+        (Carrier::Udp, _) | (_, Carrier::Udp) => Ok(false),
+        _ => Ok(true),
+    }
 }
 
 fn write_frame(stream: &mut impl Write, f: &Frame) -> std::io::Result<()> {
@@ -161,7 +189,7 @@ pub(crate) fn encode_frame(f: &Frame) -> Vec<u8> {
     out.put_u64(f.token);
     out.put_u32(f.private.len() as u32);
     out.put_bytes(&f.private);
-    out.put_u8(u8::from(f.framed));
+    out.put_u8(f.carrier as u8);
     let body_len = (out.len() - 4) as u32;
     SliceWriter::new(&mut out[..4]).put_u32(body_len);
     out
@@ -220,7 +248,7 @@ pub(crate) fn decode_frame(body: &[u8]) -> std::result::Result<Frame, String> {
         .bytes(plen)
         .ok_or_else(|| "private data truncated".to_string())?
         .to_vec();
-    let framed = r.u8() == Some(1);
+    let carrier = Carrier::from_byte(r.u8());
     Ok(Frame {
         kind,
         data_addrs,
@@ -228,7 +256,7 @@ pub(crate) fn decode_frame(body: &[u8]) -> std::result::Result<Frame, String> {
         max_datagram,
         token,
         private,
-        framed,
+        carrier,
     })
 }
 
@@ -254,6 +282,8 @@ struct Agreed {
     token: u64,
     /// The peer's data socket on each rail.
     peers: Vec<SocketAddr>,
+    /// This side may send the peer Ethernet frames.
+    peer_takes_frames: bool,
 }
 
 /// Adds the connection to the engine (not yet established). The passive side does this before
@@ -283,6 +313,7 @@ fn register(
             active: agreed.active,
             params,
             peers: agreed.peers,
+            peer_takes_frames: agreed.peer_takes_frames,
             pd: pd.id,
             send_cq: send_cq.shared.clone(),
             recv_cq: recv_cq.shared.clone(),
@@ -730,25 +761,27 @@ impl Listener {
         }
         let peer_name = from.to_string();
         let mut io = DeadlineStream::new(&stream, deadline);
-        if let Some(detail) = path_mismatch(self.device.carries_frames(), hello.framed) {
-            // Tell the client why too (a refusal carries its reason as private data).
-            let refusal = Frame {
-                kind: 3,
-                data_addrs: self.device.data_addrs().to_vec(),
-                qp_num: 0,
-                max_datagram: 0,
-                token: 0,
-                private: path_mismatch(hello.framed, self.device.carries_frames())
-                    .unwrap_or_default()
-                    .into_bytes(),
-                framed: self.device.carries_frames(),
-            };
-            let _ = write_frame(&mut io, &refusal);
-            return Err(VerbsError::Handshake {
-                peer: peer_name,
-                detail,
-            });
-        }
+        let carrier = Carrier::of(&self.device);
+        let peer_takes_frames = match peer_takes_frames(carrier, hello.carrier) {
+            Ok(frames) => frames,
+            Err(detail) => {
+                // Tell the client why too (a refusal carries its reason as private data).
+                let refusal = Frame {
+                    kind: 3,
+                    data_addrs: self.device.data_addrs().to_vec(),
+                    qp_num: 0,
+                    max_datagram: 0,
+                    token: 0,
+                    private: detail.clone().into_bytes(),
+                    carrier,
+                };
+                let _ = write_frame(&mut io, &refusal);
+                return Err(VerbsError::Handshake {
+                    peer: peer_name,
+                    detail,
+                });
+            }
+        };
         let qp_num = self.device.inner.engine.reserve_qpn();
         let token = random_u64();
         let welcome = Frame {
@@ -758,7 +791,7 @@ impl Listener {
             max_datagram: self.device.inner.engine.config().max_datagram as u32,
             token,
             private: opts.private_data.clone(),
-            framed: self.device.carries_frames(),
+            carrier,
         };
         // The connection exists before the client hears of it, so its CONNECT finds it.
         let agreed = Agreed {
@@ -767,6 +800,7 @@ impl Listener {
             remote_qpn: hello.qp_num,
             token,
             peers: hello.data_addrs.clone(),
+            peer_takes_frames,
         };
         let cq = &self.candidate_cq;
         let qp = register(pd, cq, cq, opts, agreed)?;
@@ -863,7 +897,7 @@ pub fn connect(
         max_datagram: device.inner.engine.config().max_datagram as u32,
         token: 0,
         private: opts.private_data.clone(),
-        framed: device.carries_frames(),
+        carrier: Carrier::of(device),
     };
     write_frame(&mut stream, &hello).map_err(|e| VerbsError::Handshake {
         peer: peer_name.clone(),
@@ -882,18 +916,20 @@ pub fn connect(
             detail: "expected a welcome".into(),
         });
     }
-    if let Some(detail) = path_mismatch(device.carries_frames(), welcome.framed) {
-        return Err(VerbsError::Handshake {
-            peer: peer_name,
-            detail,
-        });
-    }
+    let peer_takes_frames =
+        peer_takes_frames(Carrier::of(device), welcome.carrier).map_err(|detail| {
+            VerbsError::Handshake {
+                peer: peer_name,
+                detail,
+            }
+        })?;
     let agreed = Agreed {
         active: true,
         qp_num,
         remote_qpn: welcome.qp_num,
         token: welcome.token,
         peers: welcome.data_addrs.clone(),
+        peer_takes_frames,
     };
     let qp = register(pd, send_cq, recv_cq, opts, agreed)?;
     let qp = wait_established(qp, welcome.data_addrs[0], deadline)?;
@@ -919,7 +955,7 @@ mod tests {
             max_datagram: 9000,
             token: 0x1122_3344_5566_7788,
             private: b"private".to_vec(),
-            framed: true,
+            carrier: Carrier::Frames,
         }
     }
 
@@ -948,12 +984,27 @@ mod tests {
     }
 
     #[test]
+    fn frames_go_only_to_packet_peers_and_only_old_frames_only_peers_are_refused() {
+        use Carrier::*;
+        // A byte this build does not know is read as UDP, the carrier every engine hears.
+        assert_eq!(Carrier::from_byte(Some(9)), Udp);
+        assert_eq!(Carrier::from_byte(Some(2)), Frames);
+        assert_eq!(peer_takes_frames(Frames, Frames), Ok(true));
+        assert_eq!(peer_takes_frames(Frames, FramesOnly), Ok(true));
+        assert_eq!(peer_takes_frames(Frames, Udp), Ok(false));
+        assert_eq!(peer_takes_frames(Udp, Frames), Ok(false));
+        assert_eq!(peer_takes_frames(Udp, Udp), Ok(false));
+        let refusal = peer_takes_frames(Udp, FramesOnly).unwrap_err();
+        assert!(refusal.contains("same tbrdma version"), "{refusal}");
+    }
+
+    #[test]
     fn every_truncation_is_an_error_and_an_older_peer_means_udp() {
         let bytes = encode_frame(&frame());
         let body = &bytes[4..];
         // Without the trailing byte: a frame from a build that predates the packet engine.
         let old = decode_frame(&body[..body.len() - 1]).unwrap();
-        assert!(!old.framed);
+        assert_eq!(old.carrier, Carrier::Udp);
         for len in 0..body.len() - 1 {
             assert!(decode_frame(&body[..len]).is_err(), "{len} bytes decoded");
         }

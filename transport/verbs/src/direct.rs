@@ -62,6 +62,8 @@ impl QueuePair {
                     initial_psn: Psn(random_u64() as u32),
                 },
                 peers: vec![params.peer],
+                // Nothing was exchanged: both sides run the same engine (docs/ibverbs.md).
+                peer_takes_frames: device.carries_frames(),
                 pd: pd.id,
                 send_cq: send_cq.shared.clone(),
                 recv_cq: recv_cq.shared.clone(),

@@ -510,6 +510,10 @@ impl DatagramIo for FaultyIo {
     fn peer(&self) -> Option<SocketAddr> {
         self.inner.peer()
     }
+
+    fn set_peer_carriers(&mut self, peers: &[(SocketAddr, bool)]) {
+        self.inner.set_peer_carriers(peers);
+    }
 }
 
 #[cfg(test)]

@@ -436,6 +436,17 @@ pub(crate) fn wait_readable(
     wait_any_readable([fd, wake], timeout)
 }
 
+/// Blocks until `fd`, `other` or `wake` is readable or `timeout` passes (as
+/// [`wait_readable`]): a backend that receives on two descriptors.
+pub(crate) fn wait_either_readable(
+    fd: std::os::fd::BorrowedFd<'_>,
+    other: std::os::fd::BorrowedFd<'_>,
+    wake: std::os::fd::BorrowedFd<'_>,
+    timeout: std::time::Duration,
+) -> io::Result<()> {
+    wait_any_readable([fd, other, wake], timeout)
+}
+
 /// Blocks until `wake` alone is readable or `timeout` passes (as [`wait_readable`]).
 pub(crate) fn wait_readable_one(
     wake: std::os::fd::BorrowedFd<'_>,
@@ -496,6 +507,12 @@ pub trait DatagramIo: Send + std::fmt::Debug {
     /// socket (assisted thread mode) each know only their own: the state compares it with the
     /// association it wants before every transmit pass (see `State::apply_bindings`).
     fn peer(&self) -> Option<SocketAddr>;
+
+    /// Every connection's peer data socket, and whether the peer takes Ethernet frames (its
+    /// connection manager said so): a backend that sends frames sends the others UDP from its
+    /// socket instead, and reads that socket too while some peer is reached over UDP.
+    /// Backends that only carry UDP ignore it.
+    fn set_peer_carriers(&mut self, _peers: &[(SocketAddr, bool)]) {}
 }
 
 /// One set of backends, one per rail, as a transmit pass uses them, with the last change of

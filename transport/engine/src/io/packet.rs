@@ -8,7 +8,7 @@
 //!
 //! Addressing stays the engine's: every frame starts with a 12-byte shim naming destination
 //! and source as IPv4 address and port (those of the rail's UDP socket, which stays bound so
-//! that no one else takes the port, but carries nothing). A classic BPF filter on the socket
+//! that no one else takes the port, and carries what goes over UDP: see below). A classic BPF filter on the socket
 //! keeps frames for other addresses or ports (other tbrdma processes on the interface) out of
 //! the ring. Frames go only to the peer's MAC address from the kernel's neighbour table, and a
 //! frame is taken only from the MAC address the table gives for the source its shim names
@@ -16,8 +16,11 @@
 //! protocol resends) and one empty UDP datagram to the peer makes the kernel resolve it.
 //! Frames are never broadcast.
 //!
-//! Both ends of a connection must use this backend: a sockets or io_uring peer never sees
-//! these frames, and the connection fails to establish.
+//! Frames reach only hosts on the rail's own link that run this backend too. Everyone else
+//! gets UDP from the rail's socket, which this backend then also receives on (`by_udp`
+//! decides): a peer whose connection manager said it hears only UDP (a sockets or
+//! io_uring engine, a host without root), a peer off the interface's subnet (relayed by a
+//! host in between), and this rail's own address on a link that does not loop frames back.
 //!
 //! **This file contains `unsafe`**: the ring is memory shared with the kernel, read through
 //! raw pointers under the ring's ownership protocol (a frame is the process's while its status
@@ -31,8 +34,9 @@ use std::time::Duration;
 
 use super::neighbours::{KernelTable, Lookup, Mac, Neighbours};
 use super::send_error::{Attempt, Next, SendFailures};
+use super::sockets::SocketIo;
 use super::sys;
-use super::{DatagramIo, EngineKind, Landing, Received, TxBatch, wait_readable};
+use super::{DatagramIo, EngineKind, Landing, Received, TxBatch, wait_either_readable};
 
 /// The Ethernet type of tbrdma frames: 0x88B5 is reserved for local experiments (IEEE 802).
 pub const ETHERTYPE: u16 = 0x88b5;
@@ -46,17 +50,34 @@ pub const SHIM: usize = 12;
 pub const RING_FRAMES: usize = 32;
 /// Frames handed to the engine per receive call.
 const BATCH: usize = 32;
+/// While no peer is known to use UDP, one receive call in this many reads the UDP socket
+/// anyway, should the two ends disagree on who is reached how (netmasks that differ): a busy
+/// poll of frames pays one system call per this many polls (about 50 µs of them).
+const UDP_CHECK_EVERY: u32 = 1024;
 
 /// `AF_PACKET` I/O on the interface of one rail.
 #[derive(Debug)]
 pub struct PacketIo {
-    /// The rail's UDP socket: keeps the port, and carries only the empty datagrams that make
-    /// the kernel resolve a peer's MAC address.
+    /// The rail's UDP socket: keeps the port, carries the empty datagrams that make the kernel
+    /// resolve a peer's MAC address, and the datagrams of peers frames do not reach.
     socket: UdpSocket,
+    /// Receives on `socket` what peers reached over UDP send.
+    udp: SocketIo,
     fd: OwnedFd,
     ring: Ring,
     ifindex: i32,
     local: SocketAddrV4,
+    /// The interface's netmask: frames reach only addresses inside it.
+    netmask: u32,
+    /// The interface loops frames back (`lo`): this rail's own address is reachable by frames.
+    loops_back: bool,
+    /// Peers that hear only UDP (see [`DatagramIo::set_peer_carriers`]).
+    udp_peers: Vec<SocketAddr>,
+    /// Some peer is reached over UDP (see [`Self::by_udp`]; or a datagram already went over
+    /// UDP): every receive call reads the UDP socket too, not only one in [`UDP_CHECK_EVERY`].
+    udp_live: bool,
+    /// Receive calls since the UDP socket was last read.
+    polls_since_udp: u32,
     neighbours: Neighbours<KernelTable>,
     /// Datagrams dropped, and whether a filter's drop was reported.
     failures: SendFailures,
@@ -142,9 +163,17 @@ impl Ring {
     }
 }
 
-/// The interface holding `ip`: its name, index, and its own MAC address when it is a
-/// loopback interface.
-fn interface_of(ip: Ipv4Addr) -> io::Result<(String, i32, Option<Mac>)> {
+/// The interface holding an address: its name, index, the address' netmask, and its own MAC
+/// address when it is a loopback interface.
+struct Interface {
+    name: String,
+    index: i32,
+    netmask: u32,
+    loopback: Option<Mac>,
+}
+
+/// The interface holding `ip`.
+fn interface_of(ip: Ipv4Addr) -> io::Result<Interface> {
     let addrs: Vec<_> = nix::ifaddrs::getifaddrs()
         .map_err(io::Error::from)?
         .collect();
@@ -165,7 +194,17 @@ fn interface_of(ip: Ipv4Addr) -> io::Result<(String, i32, Option<Mac>)> {
                         .find_map(|l| l.address.as_ref()?.as_link_addr()?.addr())
                         .unwrap_or([0; 6])
                 });
-            return Ok((name, index as i32, loopback));
+            let netmask = a
+                .netmask
+                .as_ref()
+                .and_then(|m| m.as_sockaddr_in())
+                .map_or(u32::MAX, |m| u32::from(m.ip()));
+            return Ok(Interface {
+                name,
+                index: index as i32,
+                netmask,
+                loopback,
+            });
         }
     }
     Err(io::Error::new(
@@ -204,7 +243,13 @@ impl PacketIo {
                 ));
             }
         };
-        let (ifname, ifindex, loopback) = interface_of(*local.ip())?;
+        let Interface {
+            name: ifname,
+            index: ifindex,
+            netmask,
+            loopback,
+        } = interface_of(*local.ip())?;
+        let udp = SocketIo::new(socket.try_clone()?, max_datagram)?;
         // SAFETY: plain socket(2); the result is checked before it is wrapped.
         let raw = unsafe {
             libc::socket(
@@ -292,14 +337,28 @@ impl PacketIo {
         }
         Ok(PacketIo {
             socket,
+            udp,
             fd,
             ring,
             ifindex,
             local,
+            netmask,
+            loops_back: loopback.is_some(),
+            udp_peers: Vec::new(),
+            udp_live: false,
+            polls_since_udp: 0,
             neighbours: Neighbours::new(KernelTable { ifname }, loopback),
             failures: SendFailures::default(),
             peer: None,
         })
+    }
+
+    /// Whether a datagram for `to` goes over UDP rather than as a frame: `to` told us it hears
+    /// only UDP, lies off this interface's subnet (a frame is not routed), or is this rail's
+    /// own address on a link that does not loop frames back (the frame would leave the host).
+    fn by_udp(&self, to: SocketAddrV4) -> bool {
+        frames_miss(*self.local.ip(), self.netmask, self.loops_back, *to.ip())
+            || (!self.udp_peers.is_empty() && self.udp_peers.contains(&SocketAddr::V4(to)))
     }
 
     /// Where frames for `to` go: its MAC address, or nowhere (`None`: dropped) until the
@@ -333,6 +392,13 @@ fn unicast_source(sll: &[u8]) -> Option<Mac> {
         return None;
     }
     sll.get(12..18)?.try_into().ok()
+}
+
+/// Whether frames from `local` (netmask `netmask`, on an interface that loops frames back or
+/// not) cannot reach `to`, which must then get UDP.
+fn frames_miss(local: Ipv4Addr, netmask: u32, loops_back: bool, to: Ipv4Addr) -> bool {
+    let (local, to) = (u32::from(local), u32::from(to));
+    (local ^ to) & netmask != 0 || (to == local && !loops_back)
 }
 
 /// The shim: destination address and port, source address and port, network byte order.
@@ -376,10 +442,13 @@ impl DatagramIo for PacketIo {
                 self.failures.count_drop();
                 continue;
             };
-            let Some(mac) = self.mac_for(to) else {
+            let udp = self.by_udp(to);
+            let mac = if udp { None } else { self.mac_for(to) };
+            if !udp && mac.is_none() {
                 self.failures.count_drop();
                 continue;
-            };
+            }
+            self.udp_live |= udp;
             let head = shim(to, self.local);
             let [buffer, part] = batch.iovecs(i);
             let mut iov = [
@@ -390,19 +459,34 @@ impl DatagramIo for PacketIo {
                 buffer,
                 part,
             ];
-            let mut ll = sys::link_addr(self.ifindex, ETHERTYPE, Some(mac));
-            let msg = sys::msghdr(
-                &mut ll as *mut _ as *mut libc::c_void,
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-                iov.as_mut_ptr(),
-                if part.iov_len > 0 { 3 } else { 2 },
-            );
+            let iov_len = if part.iov_len > 0 { 3 } else { 2 };
+            let mut ll = sys::link_addr(self.ifindex, ETHERTYPE, mac);
+            let (mut name, name_len) = sys::to_storage(&dest);
+            // Over UDP the datagram goes without the shim, to the peer's address; as a frame,
+            // behind it, to the peer's MAC address.
+            let (fd, msg) = if udp {
+                let msg = sys::msghdr(
+                    &mut name as *mut _ as *mut libc::c_void,
+                    name_len,
+                    iov[1..].as_mut_ptr(),
+                    iov_len - 1,
+                );
+                (self.socket.as_raw_fd(), msg)
+            } else {
+                let msg = sys::msghdr(
+                    &mut ll as *mut _ as *mut libc::c_void,
+                    std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+                    iov.as_mut_ptr(),
+                    iov_len,
+                );
+                (self.fd.as_raw_fd(), msg)
+            };
             let mut attempt = Attempt::default();
             loop {
-                // SAFETY: `msg` points at `ll`, `iov` and through it at `head`, the batch's
-                // buffer and the region part (which the batch keeps alive), all alive and
-                // unmoved for the call; the kernel only reads them.
-                let rc = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, 0) };
+                // SAFETY: `msg` points at `ll` or `name`, at `iov` and through it at `head`,
+                // the batch's buffer and the region part (which the batch keeps alive), all
+                // alive and unmoved for the call; the kernel only reads them.
+                let rc = unsafe { libc::sendmsg(fd, &msg, 0) };
                 if rc >= 0 {
                     break;
                 }
@@ -428,9 +512,63 @@ impl DatagramIo for PacketIo {
 
     fn recv(
         &mut self,
-        _landing: &mut Option<Landing>,
+        landing: &mut Option<Landing>,
         deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
     ) -> io::Result<usize> {
+        let frames = self.recv_frames(deliver);
+        self.polls_since_udp += 1;
+        if !self.udp_live && self.polls_since_udp < UDP_CHECK_EVERY {
+            return Ok(frames);
+        }
+        self.polls_since_udp = 0;
+        Ok(frames + self.udp.recv(landing, deliver)?)
+    }
+
+    fn wait(&mut self, timeout: Duration, wake: BorrowedFd<'_>) -> io::Result<()> {
+        if self.ring.ready(self.ring.next).is_some() {
+            return Ok(());
+        }
+        // A datagram on the UDP socket wakes this too, and the next receive call reads it
+        // whether or not some peer is known to use UDP (else the wait would return at once
+        // again and again).
+        self.polls_since_udp = UDP_CHECK_EVERY;
+        wait_either_readable(self.fd.as_fd(), self.socket.as_fd(), wake, timeout)
+    }
+
+    fn send_drops(&self) -> u64 {
+        self.failures.drops() + self.udp.send_drops()
+    }
+
+    fn set_peer(&mut self, peer: Option<SocketAddr>) -> io::Result<()> {
+        // Nothing to connect (the UDP socket is shared by every peer reached over UDP): look
+        // the peer's MAC address up now rather than at its first datagram.
+        if let Some(SocketAddr::V4(p)) = peer
+            && !self.by_udp(p)
+        {
+            self.mac_for(p);
+        }
+        self.peer = peer;
+        Ok(())
+    }
+
+    fn peer(&self) -> Option<SocketAddr> {
+        self.peer
+    }
+
+    fn set_peer_carriers(&mut self, peers: &[(SocketAddr, bool)]) {
+        self.udp_peers.clear();
+        self.udp_peers
+            .extend(peers.iter().filter(|(_, frames)| !frames).map(|(p, _)| *p));
+        self.udp_live |= peers.iter().any(|&(p, _)| match p {
+            SocketAddr::V4(p) => self.by_udp(p),
+            SocketAddr::V6(_) => false,
+        });
+    }
+}
+
+impl PacketIo {
+    /// Hands the frames waiting in the ring to `deliver` (at most [`BATCH`]).
+    fn recv_frames(&mut self, deliver: &mut dyn FnMut(Received<'_>, SocketAddr)) -> usize {
         // The shim's first half names the destination: this rail's address and port.
         let to_us = shim(self.local, self.local);
         let mut total = 0;
@@ -464,31 +602,30 @@ impl DatagramIo for PacketIo {
             self.ring.next = if i + 1 == self.ring.frames { 0 } else { i + 1 };
             total += 1;
         }
-        Ok(total)
+        total
     }
+}
 
-    fn wait(&mut self, timeout: Duration, wake: BorrowedFd<'_>) -> io::Result<()> {
-        if self.ring.ready(self.ring.next).is_some() {
-            return Ok(());
-        }
-        wait_readable(self.fd.as_fd(), wake, timeout)
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    fn send_drops(&self) -> u64 {
-        self.failures.drops()
-    }
-
-    fn set_peer(&mut self, peer: Option<SocketAddr>) -> io::Result<()> {
-        // Nothing to connect: look the peer's MAC address up now rather than at its first
-        // datagram.
-        if let Some(SocketAddr::V4(p)) = peer {
-            self.mac_for(p);
-        }
-        self.peer = peer;
-        Ok(())
-    }
-
-    fn peer(&self) -> Option<SocketAddr> {
-        self.peer
+    #[test]
+    fn frames_miss_peers_off_the_subnet_and_this_address_on_a_cable() {
+        let mask = u32::from(Ipv4Addr::new(255, 255, 255, 252));
+        let me = Ipv4Addr::new(10, 77, 0, 1);
+        // The other end of a /30 cable: frames.
+        assert!(!frames_miss(me, mask, false, Ipv4Addr::new(10, 77, 0, 2)));
+        // A host behind it (relayed) and this host's own address: UDP.
+        assert!(frames_miss(me, mask, false, Ipv4Addr::new(10, 77, 0, 6)));
+        assert!(frames_miss(me, mask, false, me));
+        // On `lo` frames loop back: this address too.
+        let lo = Ipv4Addr::LOCALHOST;
+        assert!(!frames_miss(
+            lo,
+            u32::from(Ipv4Addr::new(255, 0, 0, 0)),
+            true,
+            lo
+        ));
     }
 }
