@@ -26,13 +26,13 @@ pub struct ConnectArgs {
     /// Interface of the link to use (`thunderbolt0`).
     #[arg(long, value_name = "NAME")]
     pub iface: Option<String>,
-    /// Datagram backend; io_uring falls back to sockets when the kernel refuses it, packet
-    /// (Ethernet frames, both ends must use it) without root. Sockets is the default with
-    /// caller progress: measured over veth (docs/performance.md), io_uring then costs ~45 µs
-    /// more per round trip (each receive completion interrupts the polling CPU when the ring
-    /// cannot be single-issuer).
-    #[arg(long, value_enum, default_value_t = EngineArg::Sockets)]
-    pub engine: EngineArg,
+    /// Datagram backend [default: packet with caller progress, sockets with thread]. Packet
+    /// (Ethernet frames) falls back to sockets without root, and sends UDP to a peer that
+    /// hears only UDP; io_uring falls back to sockets when the kernel refuses it. Each default
+    /// is the fastest measured for its progress mode (docs/verbs.md, "Which engine each front
+    /// end uses").
+    #[arg(long, value_enum)]
+    pub engine: Option<EngineArg>,
     /// Who runs the engine: `caller` spins in this thread (one core per process), `thread`
     /// adds a background engine thread.
     #[arg(long, value_enum, default_value_t = ProgressArg::Caller)]
@@ -59,8 +59,21 @@ pub enum EngineArg {
     Uring,
     /// Nonblocking sendmmsg/recvmmsg.
     Sockets,
-    /// Ethernet frames with a receive ring shared with the kernel (root; both ends).
+    /// Ethernet frames with a receive ring shared with the kernel (root; UDP to peers that
+    /// hear only UDP).
     Packet,
+}
+
+impl EngineArg {
+    /// The engine asked for, or the default for `progress`: the packet engine's round trip
+    /// is the shortest with caller progress; with an engine thread, sockets measured fastest
+    /// (io_uring did not beat it, and the packet engine was not measured there).
+    pub fn or_default_for(engine: Option<EngineArg>, progress: ProgressArg) -> EngineArg {
+        engine.unwrap_or(match progress {
+            ProgressArg::Caller => EngineArg::Packet,
+            ProgressArg::Thread => EngineArg::Sockets,
+        })
+    }
 }
 
 /// `--progress`.
@@ -305,6 +318,14 @@ mod tests {
         assert_eq!(sizes.first(), Some(&2));
         assert_eq!(sizes.last(), Some(&(8 << 20)));
         assert_eq!(sizes.len(), 23);
+    }
+
+    #[test]
+    fn the_default_engine_is_the_fastest_for_the_progress_mode() {
+        use EngineArg::*;
+        assert_eq!(EngineArg::or_default_for(None, ProgressArg::Caller), Packet);
+        assert_eq!(EngineArg::or_default_for(None, ProgressArg::Thread), Sockets);
+        assert_eq!(EngineArg::or_default_for(Some(Uring), ProgressArg::Caller), Uring);
     }
 
     #[test]

@@ -144,11 +144,11 @@ pub fn open_device(
 /// Opens a device over the links `names` (cable 1 first) with the engine and progress asked.
 pub fn open_rails(
     names: &[&str],
-    engine: EngineArg,
+    engine: Option<EngineArg>,
     progress: ProgressArg,
 ) -> anyhow::Result<Device> {
     let engine = EngineConfig {
-        engine: match engine {
+        engine: match EngineArg::or_default_for(engine, progress) {
             EngineArg::Uring => EngineKind::Uring,
             EngineArg::Sockets => EngineKind::Sockets,
             EngineArg::Packet => EngineKind::Packet,

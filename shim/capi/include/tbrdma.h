@@ -282,7 +282,8 @@ typedef struct tbrdma_recv_wr {
 typedef struct tbrdma_comm_options {
   // `TBRDMA_ALGO_*` (default `TBRDMA_ALGO_AUTO`).
   int algorithm;
-  // `TBRDMA_ENGINE_*` (default `TBRDMA_ENGINE_SOCKETS`).
+  // `TBRDMA_ENGINE_*` (default `TBRDMA_ENGINE_PACKET`, which is `TBRDMA_ENGINE_SOCKETS`
+  // without root).
   int engine;
   // `TBRDMA_PROGRESS_*` (default `TBRDMA_PROGRESS_CALLER`: the rank drives the transport
   // inside each call).

@@ -116,7 +116,8 @@ pub const TBRDMA_ALGO_DOUBLING: c_int = 3;
 pub struct tbrdma_comm_options {
     /// `TBRDMA_ALGO_*` (default `TBRDMA_ALGO_AUTO`).
     pub algorithm: c_int,
-    /// `TBRDMA_ENGINE_*` (default `TBRDMA_ENGINE_SOCKETS`).
+    /// `TBRDMA_ENGINE_*` (default `TBRDMA_ENGINE_PACKET`, which is `TBRDMA_ENGINE_SOCKETS`
+    /// without root).
     pub engine: c_int,
     /// `TBRDMA_PROGRESS_*` (default `TBRDMA_PROGRESS_CALLER`: the rank drives the transport
     /// inside each call).

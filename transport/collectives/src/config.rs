@@ -117,7 +117,8 @@ pub struct CommOptions {
     /// First TCP port of the connection manager; the pair (i, j) uses `port_base + i·N + j`.
     pub port_base: u16,
     /// Engine backend (io_uring falls back to sockets where it is refused, the packet engine
-    /// without `CAP_NET_RAW` or on an IPv6 rail).
+    /// without `CAP_NET_RAW` or on an IPv6 rail; a packet-engine rank sends UDP to a neighbour
+    /// that hears only UDP, so ranks may differ).
     pub engine: EngineKind,
     /// Who drives progress. Caller progress (the default) suits collectives: every rank is
     /// inside a call while data moves, and it leaves the cores to the application.
@@ -145,9 +146,10 @@ impl Default for CommOptions {
             slots: 8,
             max_rails: 0,
             port_base: 18_600,
-            // Measured on the emulated link with caller progress: the sockets engine exchanges a
-            // 16 KiB all-reduce in about a third of io_uring's time (docs/collectives.md).
-            engine: EngineKind::Sockets,
+            // The fastest measured with caller progress: frames skip the kernel's IP and UDP
+            // layers (a 16 KiB all-reduce: docs/performance.md; sockets took about a third of
+            // io_uring's time, docs/collectives.md). Without root it is sockets.
+            engine: EngineKind::Packet,
             progress: Progress::Caller,
             timeout: Duration::from_secs(20),
             // Yield almost at once: a spinning rank that shares its core with the rank it waits
