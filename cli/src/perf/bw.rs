@@ -27,7 +27,7 @@ use anyhow::bail;
 use tbrdma_floors::tcp::{self, Streamed};
 use tbrdma_verbs::{Access, MemoryRegion, RecvWr, SendOp, SendWr, WcOpcode, WorkCompletion};
 
-use crate::perf::options::{BwArgs, BwOp};
+use crate::perf::options::{BwArgs, BwOp, Measures};
 use crate::perf::paired::{self, StreamLine};
 use crate::perf::pattern;
 use crate::perf::report::{self, Bandwidth};
@@ -67,7 +67,7 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
         Some(s) => Some(session::server_addr(s, args.connect.port)?),
         None => None,
     };
-    let dev = session::open_device(&args.connect, server, args.rails)?;
+    let dev = session::open_device(&args.connect, server, args.rails, Measures::Bandwidth)?;
     // `--paired-with tcp`: the server listens for the client's streams before the client can
     // connect to tbrdma, so it is there for the first.
     let (stream_listener, stream_to) = match (args.paired_with, server) {

@@ -45,7 +45,7 @@ use tbrdma_verbs::{
     WorkCompletion,
 };
 
-use crate::perf::options::{LatOp, PingpongArgs};
+use crate::perf::options::{LatOp, Measures, PingpongArgs};
 use crate::perf::paired::{self, Floor, PairedLine};
 use crate::perf::pattern;
 use crate::perf::report;
@@ -138,7 +138,7 @@ pub fn run(args: PingpongArgs) -> anyhow::Result<()> {
         Some(s) => Some(session::server_addr(s, args.connect.port)?),
         None => None,
     };
-    let dev = session::open_device(&args.connect, server, false)?;
+    let dev = session::open_device(&args.connect, server, false, Measures::RoundTrips)?;
     let floor = args.paired_with.map(|f| Floor::of(f, dev.engine_kind()));
     let local_ip = dev.ip();
     let pd = dev.alloc_pd();

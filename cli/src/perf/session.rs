@@ -16,7 +16,7 @@ use tbrdma_verbs::{
     SendOp, SendWr, VerbsError, WcStatus, WorkCompletion, connect,
 };
 
-use crate::perf::options::{Agreed, ConnectArgs, EngineArg, ProgressArg, differences};
+use crate::perf::options::{Agreed, ConnectArgs, EngineArg, Measures, ProgressArg, differences};
 
 /// Set by Ctrl-C while a measurement runs; the loops stop and print what they have.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -130,6 +130,7 @@ pub fn open_device(
     args: &ConnectArgs,
     server: Option<SocketAddr>,
     rails: bool,
+    measures: Measures,
 ) -> anyhow::Result<Device> {
     let name = local_name(args, server)?;
     let names = if rails {
@@ -138,17 +139,18 @@ pub fn open_device(
         vec![name]
     };
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    open_rails(&names, args.engine, args.progress)
+    let engine = EngineArg::or_default_for(args.engine, args.progress, measures);
+    open_rails(&names, engine, args.progress)
 }
 
 /// Opens a device over the links `names` (cable 1 first) with the engine and progress asked.
 pub fn open_rails(
     names: &[&str],
-    engine: Option<EngineArg>,
+    engine: EngineArg,
     progress: ProgressArg,
 ) -> anyhow::Result<Device> {
     let engine = EngineConfig {
-        engine: match EngineArg::or_default_for(engine, progress) {
+        engine: match engine {
             EngineArg::Uring => EngineKind::Uring,
             EngineArg::Sockets => EngineKind::Sockets,
             EngineArg::Packet => EngineKind::Packet,

@@ -96,7 +96,7 @@ fn device(args: &SoakArgs) -> anyhow::Result<Device> {
     if names.is_empty() {
         bail!("--bind ADDR[,ADDR2] is required: the local address of each rail, cable 1 first");
     }
-    crate::perf::session::open_rails(&names, Some(args.engine), args.progress)
+    crate::perf::session::open_rails(&names, args.engine, args.progress)
 }
 
 /// Runs one role; prints the human summary on stderr and the JSON line on stdout. Fails when a
