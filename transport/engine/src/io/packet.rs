@@ -521,6 +521,10 @@ impl DatagramIo for PacketIo {
             return Ok(frames);
         }
         self.polls_since_udp = 0;
+        // A landing zone takes only the call's first datagram: once frames were delivered (one
+        // of them may have been placed in the zone), what UDP brings goes through the usual
+        // buffers.
+        let landing = if frames == 0 { landing } else { &mut None };
         Ok(frames + self.udp.recv(landing, deliver)?)
     }
 
