@@ -130,12 +130,26 @@ pub fn run() -> anyhow::Result<()> {
         run_pair(
             &name,
             &format!(
-                "ping-pong, {op}, one-way latency in µs (like ib_{op}_lat), against the kernel's UDP floor on the same cable"
+                "ping-pong, {op}, one-way latency in µs (like ib_{op}_lat), against the raw-frame floor on the same cable (the packet engine, the default)"
             ),
             server,
             client,
         )?;
     }
+    // Hosts may differ: rank 1 runs the sockets engine, as a host without root falls back to,
+    // and rank 0's packet engine sends it UDP (docs/verbs.md, "Frames where they reach").
+    run_pair(
+        &name,
+        "ping-pong between a packet-engine host and one on UDP (as a host without root): the packet end sends it UDP",
+        strings(&[
+            "pingpong", "--bind", &s0, "--iters", "2000", "--verify", "--size", "8", "--size",
+            "4096",
+        ]),
+        strings(&[
+            "pingpong", &s0, "--bind", &c0, "--engine", "sockets", "--iters", "2000", "--verify",
+            "--size", "8", "--size", "4096",
+        ]),
+    )?;
     for (op, title, paired) in [
         (
             "write",
