@@ -35,9 +35,9 @@ pub const ENV_IDLE_TIMEOUT: &str = "TBRDMA_IDLE_TIMEOUT_MS";
 /// mode (`benches/src/bin/pluginbench.rs`, docs/nccl.md "Performance"). With caller progress,
 /// the packet engine: the plugin's 8 B round trip took 0.74x the time it takes over sockets
 /// (12.9 against 17.4 µs, same run) at the same bandwidth. Without root it falls back to
-/// sockets (logged), and each link keeps a sockets side for the peers its frames cannot reach
-/// (`net::LocalLink::udp`), so hosts that differ still connect. io_uring lost to sockets there:
-/// its ring cannot be single-issuer (NCCL's thread and the keeper both drive it) and each
+/// sockets (logged), and a link's packet engine sends UDP to the peers its frames cannot reach
+/// (docs/verbs.md, "Frames where they reach, UDP elsewhere"), so hosts that differ still
+/// connect. io_uring lost to sockets there: its ring cannot be single-issuer (NCCL's thread and the keeper both drive it) and each
 /// receive completion interrupts the polling CPU. With an engine thread, the only user of its
 /// ring, io_uring was faster than sockets on both counts.
 pub fn default_engine(progress: Progress) -> EngineKind {

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use tbrdma_proto::codec::{Put, Reader, SOCKET_ADDR_LEN, SliceWriter};
 use tbrdma_verbs::{
-    CompletionQueue, Config, Device, DeviceConfig, EngineConfig, EngineKind, Listener,
-    ProtectionDomain, QpOptions, VerbsError,
+    CompletionQueue, Config, Device, DeviceConfig, EngineConfig, Listener, ProtectionDomain,
+    QpOptions, VerbsError,
 };
 
 use crate::abi::NCCL_NET_HANDLE_MAXSIZE;
@@ -43,15 +43,14 @@ const ACCEPT_BACKLOG: usize = 64;
 /// Most links listed in a handle.
 pub const MAX_HANDLE_ADDRS: usize = 4;
 const HANDLE_MAGIC: &[u8; 4] = b"tbNC";
-/// 2: each link's UDP listener port follows the addresses.
-const HANDLE_VERSION: u8 = 2;
-/// Where the UDP listeners' ports start (after the header and the largest address list).
-const UDP_PORTS_AT: usize = 16 + SOCKET_ADDR_LEN * MAX_HANDLE_ADDRS;
+/// 3: the listening addresses only (2 listed each link's UDP listener port too, for the
+/// sockets side a packet-engine link kept: the packet engine now reaches UDP peers itself).
+const HANDLE_VERSION: u8 = 3;
 /// Where the connector keeps its state in its own copy of the handle (NCCL passes the same
 /// buffer on every retry; the listener leaves these bytes zero).
 const STAGE_AT: usize = 96;
-// The listening addresses and their UDP ports end before the staging field.
-const _: () = assert!(UDP_PORTS_AT + 2 * MAX_HANDLE_ADDRS <= STAGE_AT);
+// The listening addresses end before the staging field.
+const _: () = assert!(16 + SOCKET_ADDR_LEN * MAX_HANDLE_ADDRS <= STAGE_AT);
 const STAGE_MAGIC: &[u8; 4] = b"stg1";
 /// How long the acceptor waits on one listener before looking at the next (and at `stop`).
 const ACCEPT_SLICE: Duration = Duration::from_millis(20);
@@ -69,50 +68,9 @@ pub struct LocalLink {
     pub prefix: u8,
     /// Reported speed, Mbit/s, if the interface says.
     pub speed: Option<i32>,
-    /// Where `device` sends Ethernet frames (the packet engine): a sockets device on the same
-    /// address, for the peers those frames cannot reach. A peer whose own device is over UDP
-    /// (its packet engine fell back for want of root, or it was told `sockets`) and a peer
-    /// with no cable to this host, reached through the kernels in between, which forward IP
-    /// packets and not these frames. None where `device` is over UDP itself.
-    pub udp: Option<Arc<LocalLink>>,
-}
-
-/// One link of a listen handle: its listener, and the port of the listener on the same
-/// address whose datagrams go over UDP (the listener's own port where its device is over UDP).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct HandleLink {
-    pub addr: SocketAddr,
-    pub udp_port: u16,
-}
-
-impl HandleLink {
-    /// Whether the link's listener carries datagrams as Ethernet frames.
-    fn framed(&self) -> bool {
-        self.udp_port != self.addr.port()
-    }
-
-    fn udp_addr(&self) -> SocketAddr {
-        SocketAddr::new(self.addr.ip(), self.udp_port)
-    }
 }
 
 impl LocalLink {
-    /// The side of this link whose datagrams go over UDP.
-    fn udp_side(self: &Arc<Self>) -> Arc<LocalLink> {
-        self.udp.clone().unwrap_or_else(|| self.clone())
-    }
-
-    /// The local side and the listener to connect to for `peer`, a link this one reaches:
-    /// frames where both ends send frames, else UDP. A listener of this host's own is reached
-    /// over UDP too: frames leave by the cable, the kernel loops UDP back.
-    fn towards(self: &Arc<Self>, peer: &HandleLink) -> (Arc<LocalLink>, SocketAddr) {
-        if self.device.carries_frames() && peer.framed() && peer.addr.ip() != self.device.ip() {
-            (self.clone(), peer.addr)
-        } else {
-            (self.udp_side(), peer.udp_addr())
-        }
-    }
-
     fn reaches(&self, peer: IpAddr) -> bool {
         match (self.device.ip(), peer) {
             (IpAddr::V4(a), IpAddr::V4(b)) => {
@@ -235,22 +193,16 @@ impl Plugin {
                     device,
                     prefix,
                     speed,
-                    udp: None,
                 })
             };
-            let mut link = open(name.clone(), config.engine.clone())?;
+            // On the packet engine, peers that frames do not reach (a peer over UDP, one with
+            // no cable to this host, this host's own address) get UDP from the same device.
+            let link = open(name.clone(), config.engine.clone())?;
             if let Some(reason) = link.device.engine_fallback() {
                 log::warn(&format!(
                     "tbrdma NET: link {name} uses the {} engine: {reason}",
                     link.device.engine_kind().name()
                 ));
-            }
-            if link.device.carries_frames() {
-                let sockets = EngineConfig {
-                    engine: EngineKind::Sockets,
-                    ..config.engine.clone()
-                };
-                link.udp = Some(Arc::new(open(format!("{name} (UDP)"), sockets)?));
             }
             links.push(Arc::new(link));
         }
@@ -298,8 +250,8 @@ impl Plugin {
                     l.device.ip(),
                     l.prefix,
                     l.device.engine_kind().name(),
-                    if l.udp.is_some() {
-                        "; sockets towards peers over UDP or not on a cable"
+                    if l.device.carries_frames() {
+                        "; UDP towards peers over UDP or not on a cable"
                     } else {
                         ""
                     }
@@ -315,14 +267,15 @@ impl Plugin {
 
     /// The local side and the listener to connect to for a peer's handle: the first of its
     /// links a cable of ours reaches; else, relayed by the kernels in between, our first link
-    /// to its first, over UDP.
-    fn route(&self, peer: &[HandleLink]) -> (Arc<LocalLink>, SocketAddr) {
-        for link in peer {
-            if let Some(ours) = self.links.iter().find(|l| l.reaches(link.addr.ip())) {
-                return ours.towards(link);
+    /// to its first (over UDP: the engine sends frames only where they reach, see
+    /// docs/verbs.md, "Frames where they reach, UDP elsewhere").
+    fn route(&self, peer: &[SocketAddr]) -> (Arc<LocalLink>, SocketAddr) {
+        for &addr in peer {
+            if let Some(ours) = self.links.iter().find(|l| l.reaches(addr.ip())) {
+                return (ours.clone(), addr);
             }
         }
-        (self.links[0].udp_side(), peer[0].udp_addr())
+        (self.links[0].clone(), peer[0])
     }
 }
 
@@ -374,31 +327,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 // Handles
 
 /// Writes a listen handle: magic, version, the number of links, two zero bytes, the listen
-/// id, the listening addresses ([`SOCKET_ADDR_LEN`] bytes each), from [`UDP_PORTS_AT`] each
-/// link's UDP listener port (u16), zeros after.
+/// id, the listening addresses ([`SOCKET_ADDR_LEN`] bytes each), zeros after.
 pub(crate) fn encode_handle(
     id: u64,
-    links: &[HandleLink],
+    links: &[SocketAddr],
     out: &mut [u8; NCCL_NET_HANDLE_MAXSIZE],
 ) {
     out.fill(0);
     let links = &links[..links.len().min(MAX_HANDLE_ADDRS)];
-    let mut w = SliceWriter::new(&mut out[..UDP_PORTS_AT]);
+    let mut w = SliceWriter::new(&mut out[..STAGE_AT]);
     w.put_bytes(HANDLE_MAGIC);
     w.put_u8(HANDLE_VERSION);
     w.put_u8(links.len() as u8);
     w.put_zeros(2);
     w.put_u64(id);
-    for link in links {
-        w.put_socket_addr(link.addr);
-    }
-    let mut w = SliceWriter::new(&mut out[UDP_PORTS_AT..STAGE_AT]);
-    for link in links {
-        w.put_u16(link.udp_port);
+    for &addr in links {
+        w.put_socket_addr(addr);
     }
 }
 
-pub(crate) fn decode_handle(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Vec<HandleLink>> {
+pub(crate) fn decode_handle(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Vec<SocketAddr>> {
     let mut r = Reader::new(h);
     if r.bytes(HANDLE_MAGIC.len()) != Some(HANDLE_MAGIC) || r.u8() != Some(HANDLE_VERSION) {
         return Err(NetError::misuse(
@@ -411,18 +359,7 @@ pub(crate) fn decode_handle(h: &[u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<Vec<Han
         return Err(none());
     }
     r.skip(2 + 8).ok_or_else(none)?; // Padding and the listen id.
-    let addrs = (0..n)
-        .map(|_| r.socket_addr().ok_or_else(none))
-        .collect::<Result<Vec<_>>>()?;
-    let mut ports = Reader::new(&h[UDP_PORTS_AT..STAGE_AT]);
-    let no_port = || NetError::misuse("connect: the handle lists a link with no UDP port");
-    addrs
-        .into_iter()
-        .map(|addr| {
-            let udp_port = ports.u16().filter(|&p| p != 0).ok_or_else(no_port)?;
-            Ok(HandleLink { addr, udp_port })
-        })
-        .collect()
+    (0..n).map(|_| r.socket_addr().ok_or_else(none)).collect()
 }
 
 /// The listen id a handle carries (after [`decode_handle`] accepted it).
@@ -635,22 +572,14 @@ pub fn listen(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<u6
     let plugin = plugin()?;
     let mut listeners = Vec::new();
     let mut links = Vec::new();
-    let mut bind = |link: &Arc<LocalLink>| -> Result<SocketAddr> {
+    for link in &plugin.links {
         let l = Listener::bind(&link.device, 0)
             .map_err(NetError::verbs(format!("listening on {}", link.name)))?;
         let addr = l
             .local_addr()
             .map_err(NetError::verbs("listener address"))?;
         listeners.push((l, link.clone()));
-        Ok(addr)
-    };
-    for link in &plugin.links {
-        let addr = bind(link)?;
-        let udp_port = match &link.udp {
-            Some(udp) => bind(udp)?.port(),
-            None => addr.port(),
-        };
-        links.push(HandleLink { addr, udp_port });
+        links.push(addr);
     }
     let id = next_id();
     let nonce = listen_nonce(id);
@@ -687,16 +616,7 @@ pub fn listen(dev: i32, handle: &mut [u8; NCCL_NET_HANDLE_MAXSIZE]) -> Result<u6
         .unwrap_or_else(|e| e.into_inner())
         .get_or_insert_with(HashMap::new)
         .insert(id, obj);
-    let listening: Vec<String> = links
-        .iter()
-        .map(|l| {
-            if l.framed() {
-                format!("{} (UDP side port {})", l.addr, l.udp_port)
-            } else {
-                l.addr.to_string()
-            }
-        })
-        .collect();
+    let listening: Vec<String> = links.iter().map(SocketAddr::to_string).collect();
     log::info(&format!(
         "tbrdma NET: listening on {}",
         listening.join(", ")
@@ -1006,17 +926,10 @@ mod tests {
 
     #[test]
     fn handles_round_trip_and_keep_the_stage_apart() {
-        let addrs = vec![
-            HandleLink {
-                addr: "10.1.2.3:4567".parse().unwrap(),
-                udp_port: 4568,
-            },
-            HandleLink {
-                addr: "[fe80::1]:9".parse().unwrap(),
-                udp_port: 9,
-            },
+        let addrs: Vec<SocketAddr> = vec![
+            "10.1.2.3:4567".parse().unwrap(),
+            "[fe80::1]:9".parse().unwrap(),
         ];
-        assert!(addrs[0].framed() && !addrs[1].framed());
         let mut h = [0xaau8; NCCL_NET_HANDLE_MAXSIZE];
         encode_handle(77, &addrs, &mut h);
         assert_eq!(decode_handle(&h).unwrap(), addrs);
@@ -1033,17 +946,16 @@ mod tests {
     fn foreign_handles_are_refused() {
         let h = [0u8; NCCL_NET_HANDLE_MAXSIZE];
         assert!(decode_handle(&h).is_err());
-        // A link with no UDP port, and a handle of the first version.
-        let link = HandleLink {
-            addr: "10.1.2.3:4567".parse().unwrap(),
-            udp_port: 4567,
-        };
+        // Handles of the earlier versions, and one that lists no link.
+        let link: SocketAddr = "10.1.2.3:4567".parse().unwrap();
         let mut h = [0u8; NCCL_NET_HANDLE_MAXSIZE];
+        for version in [1, 2] {
+            encode_handle(77, &[link], &mut h);
+            h[4] = version;
+            assert!(decode_handle(&h).is_err());
+        }
         encode_handle(77, &[link], &mut h);
-        h[UDP_PORTS_AT..UDP_PORTS_AT + 2].fill(0);
-        assert!(decode_handle(&h).is_err());
-        encode_handle(77, &[link], &mut h);
-        h[4] = 1;
+        h[5] = 0;
         assert!(decode_handle(&h).is_err());
     }
 
