@@ -8,9 +8,9 @@
 //!
 //! Addressing stays the engine's: every frame starts with a 12-byte shim naming destination
 //! and source as IPv4 address and port (those of the rail's UDP socket, which stays bound so
-//! that no one else takes the port, and carries what goes over UDP: see below). A classic BPF filter on the socket
-//! keeps frames for other addresses or ports (other tbrdma processes on the interface) out of
-//! the ring. Frames go only to the peer's MAC address from the kernel's neighbour table, and a
+//! that no one else takes the port, and carries what goes over UDP: see below). A classic BPF
+//! filter on the socket keeps frames for other addresses or ports (other tbrdma processes on
+//! the interface) out of the ring. Frames go only to the peer's MAC address from the kernel's neighbour table, and a
 //! frame is taken only from the MAC address the table gives for the source its shim names
 //! (`neighbours.rs` decides both): while the table has no entry, frames are dropped (the
 //! protocol resends) and one empty UDP datagram to the peer makes the kernel resolve it.
@@ -461,13 +461,15 @@ impl DatagramIo for PacketIo {
             ];
             let iov_len = if part.iov_len > 0 { 3 } else { 2 };
             let mut ll = sys::link_addr(self.ifindex, ETHERTYPE, mac);
-            let (mut name, name_len) = sys::to_storage(&dest);
+            // (Filled only for UDP: a frame's datagram needs no socket address built.)
+            let mut name = None;
             // Over UDP the datagram goes without the shim, to the peer's address; as a frame,
             // behind it, to the peer's MAC address.
             let (fd, msg) = if udp {
+                let (name, name_len) = name.insert(sys::to_storage(&dest));
                 let msg = sys::msghdr(
-                    &mut name as *mut _ as *mut libc::c_void,
-                    name_len,
+                    name as *mut _ as *mut libc::c_void,
+                    *name_len,
                     iov[1..].as_mut_ptr(),
                     iov_len - 1,
                 );
