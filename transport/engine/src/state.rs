@@ -1270,6 +1270,19 @@ mod tests {
     fn one_connection(qpn: u32, send: &Arc<CqShared>, recv: &Arc<CqShared>) -> State {
         let mut state = State::new(1, 1500, usize::MAX, false, 0);
         let pd = state.add_protection_domain([7; 32]);
+        add_peer(&mut state, pd, qpn, "127.0.0.1:9", false, [send, recv]);
+        state
+    }
+
+    /// Adds passive connection `qpn` to `peer`, completions to `send` and `recv`.
+    fn add_peer(
+        state: &mut State,
+        pd: PdId,
+        qpn: u32,
+        peer: &str,
+        peer_takes_frames: bool,
+        [send, recv]: [&Arc<CqShared>; 2],
+    ) {
         state.add_connection(
             NewConnection {
                 config: Config::default(),
@@ -1280,15 +1293,79 @@ mod tests {
                     remote_qpn: 2,
                     initial_psn: Psn(0),
                 },
-                peers: vec!["127.0.0.1:9".parse().unwrap()],
-                peer_takes_frames: false,
+                peers: vec![peer.parse().unwrap()],
+                peer_takes_frames,
                 pd,
                 send_cq: send.clone(),
                 recv_cq: recv.clone(),
             },
             Time::ZERO,
         );
-        state
+    }
+
+    /// A backend that sends nothing anywhere and remembers the carriers it was last told.
+    #[derive(Debug, Default)]
+    struct Recorder {
+        carriers: Arc<std::sync::Mutex<Vec<(SocketAddr, bool)>>>,
+    }
+
+    impl DatagramIo for Recorder {
+        fn kind(&self) -> EngineKind {
+            EngineKind::Packet
+        }
+        fn send(&mut self, batch: &mut TxBatch) -> io::Result<()> {
+            batch.clear();
+            Ok(())
+        }
+        fn recv(
+            &mut self,
+            _landing: &mut Option<Landing>,
+            _deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
+        ) -> io::Result<usize> {
+            Ok(0)
+        }
+        fn wait(
+            &mut self,
+            _timeout: std::time::Duration,
+            _wake: std::os::fd::BorrowedFd<'_>,
+        ) -> io::Result<()> {
+            Ok(())
+        }
+        fn send_drops(&self) -> u64 {
+            0
+        }
+        fn set_peer(&mut self, _peer: Option<SocketAddr>) -> io::Result<()> {
+            Ok(())
+        }
+        fn peer(&self) -> Option<SocketAddr> {
+            None
+        }
+        fn set_peer_carriers(&mut self, peers: &[(SocketAddr, bool)]) {
+            *self.carriers.lock().unwrap() = peers.to_vec();
+        }
+    }
+
+    #[test]
+    fn backends_learn_each_peers_carrier_and_forget_a_closed_ones() {
+        let cq = Arc::new(CqShared::new(16));
+        let mut state = State::new(1, 1500, usize::MAX, false, 0);
+        let pd = state.add_protection_domain([7; 32]);
+        add_peer(&mut state, pd, 5, "10.0.0.2:9", false, [&cq, &cq]);
+        add_peer(&mut state, pd, 6, "10.0.0.3:9", true, [&cq, &cq]);
+        let recorder = Recorder::default();
+        let carriers = recorder.carriers.clone();
+        let mut rails = Rails::new(vec![Box::new(recorder)]);
+        state.flush(&mut rails, Time::ZERO).unwrap();
+        let (udp, frames) = ("10.0.0.2:9".parse().unwrap(), "10.0.0.3:9".parse().unwrap());
+        assert_eq!(
+            *carriers.lock().unwrap(),
+            vec![(udp, false), (frames, true)]
+        );
+        // Closed: the slot leaves with its CLOSE, and the next pass tells the backend.
+        state.close(5, Time::ZERO);
+        state.flush(&mut rails, Time::ZERO).unwrap();
+        state.flush(&mut rails, Time::ZERO).unwrap();
+        assert_eq!(*carriers.lock().unwrap(), vec![(frames, true)]);
     }
 
     fn receive(wr_id: u64) -> RecvWr {
