@@ -1303,48 +1303,6 @@ mod tests {
         );
     }
 
-    /// A backend that sends nothing anywhere and remembers the carriers it was last told.
-    #[derive(Debug, Default)]
-    struct Recorder {
-        carriers: Arc<std::sync::Mutex<Vec<(SocketAddr, bool)>>>,
-    }
-
-    impl DatagramIo for Recorder {
-        fn kind(&self) -> EngineKind {
-            EngineKind::Packet
-        }
-        fn send(&mut self, batch: &mut TxBatch) -> io::Result<()> {
-            batch.clear();
-            Ok(())
-        }
-        fn recv(
-            &mut self,
-            _landing: &mut Option<Landing>,
-            _deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
-        ) -> io::Result<usize> {
-            Ok(0)
-        }
-        fn wait(
-            &mut self,
-            _timeout: std::time::Duration,
-            _wake: std::os::fd::BorrowedFd<'_>,
-        ) -> io::Result<()> {
-            Ok(())
-        }
-        fn send_drops(&self) -> u64 {
-            0
-        }
-        fn set_peer(&mut self, _peer: Option<SocketAddr>) -> io::Result<()> {
-            Ok(())
-        }
-        fn peer(&self) -> Option<SocketAddr> {
-            None
-        }
-        fn set_peer_carriers(&mut self, peers: &[(SocketAddr, bool)]) {
-            *self.carriers.lock().unwrap() = peers.to_vec();
-        }
-    }
-
     #[test]
     fn backends_learn_each_peers_carrier_and_forget_a_closed_ones() {
         let cq = Arc::new(CqShared::new(16));
@@ -1352,7 +1310,7 @@ mod tests {
         let pd = state.add_protection_domain([7; 32]);
         add_peer(&mut state, pd, 5, "10.0.0.2:9", false, [&cq, &cq]);
         add_peer(&mut state, pd, 6, "10.0.0.3:9", true, [&cq, &cq]);
-        let recorder = Recorder::default();
+        let recorder = crate::io::NullIo::default();
         let carriers = recorder.carriers.clone();
         let mut rails = Rails::new(vec![Box::new(recorder)]);
         state.flush(&mut rails, Time::ZERO).unwrap();

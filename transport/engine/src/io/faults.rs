@@ -519,6 +519,7 @@ impl DatagramIo for FaultyIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::NullIo;
 
     #[test]
     fn plans_parse_and_bad_ones_name_the_problem() {
@@ -570,7 +571,7 @@ mod tests {
     /// returns what came out, in order.
     fn run(plan: FaultPlan, count: u32, step: Duration) -> Vec<Vec<u8>> {
         let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let mut faults = FaultyIo::new(Box::new(Nothing), plan, 0).faults;
+        let mut faults = FaultyIo::new(Box::<NullIo>::default(), plan, 0).faults;
         let start = faults.opened;
         let mut out = Vec::new();
         let mut deliver = |d: Received<'_>, _from: SocketAddr| out.push(d.to_vec());
@@ -653,8 +654,12 @@ mod tests {
     #[test]
     fn delays_hold_everything_and_the_queue_is_bounded() {
         let from: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let mut faults =
-            FaultyIo::new(Box::new(Nothing), FaultPlan::parse("delay=1ms").unwrap(), 0).faults;
+        let mut faults = FaultyIo::new(
+            Box::<NullIo>::default(),
+            FaultPlan::parse("delay=1ms").unwrap(),
+            0,
+        )
+        .faults;
         let now = faults.opened;
         let mut out = 0usize;
         let mut deliver = |_: Received<'_>, _: SocketAddr| out += 1;
@@ -676,38 +681,5 @@ mod tests {
             200 - passed
         );
         assert_eq!(faults.next_release(now), None);
-    }
-
-    /// A backend that never receives anything (the tests above feed the layer directly).
-    #[derive(Debug)]
-    struct Nothing;
-
-    impl DatagramIo for Nothing {
-        fn kind(&self) -> EngineKind {
-            EngineKind::Sockets
-        }
-        fn send(&mut self, batch: &mut TxBatch) -> io::Result<()> {
-            batch.clear();
-            Ok(())
-        }
-        fn recv(
-            &mut self,
-            _landing: &mut Option<Landing>,
-            _deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
-        ) -> io::Result<usize> {
-            Ok(0)
-        }
-        fn wait(&mut self, _timeout: Duration, _wake: BorrowedFd<'_>) -> io::Result<()> {
-            Ok(())
-        }
-        fn send_drops(&self) -> u64 {
-            0
-        }
-        fn set_peer(&mut self, _peer: Option<SocketAddr>) -> io::Result<()> {
-            Ok(())
-        }
-        fn peer(&self) -> Option<SocketAddr> {
-            None
-        }
     }
 }

@@ -838,3 +838,44 @@ mod tests {
         }
     }
 }
+
+/// A backend for unit tests: sends nothing anywhere, never receives, and remembers the
+/// carriers it was last told (see [`DatagramIo::set_peer_carriers`]).
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct NullIo {
+    pub(crate) carriers: Arc<std::sync::Mutex<Vec<(SocketAddr, bool)>>>,
+}
+
+#[cfg(test)]
+impl DatagramIo for NullIo {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Sockets
+    }
+    fn send(&mut self, batch: &mut TxBatch) -> io::Result<()> {
+        batch.clear();
+        Ok(())
+    }
+    fn recv(
+        &mut self,
+        _landing: &mut Option<Landing>,
+        _deliver: &mut dyn FnMut(Received<'_>, SocketAddr),
+    ) -> io::Result<usize> {
+        Ok(0)
+    }
+    fn wait(&mut self, _timeout: Duration, _wake: BorrowedFd<'_>) -> io::Result<()> {
+        Ok(())
+    }
+    fn send_drops(&self) -> u64 {
+        0
+    }
+    fn set_peer(&mut self, _peer: Option<SocketAddr>) -> io::Result<()> {
+        Ok(())
+    }
+    fn peer(&self) -> Option<SocketAddr> {
+        None
+    }
+    fn set_peer_carriers(&mut self, peers: &[(SocketAddr, bool)]) {
+        *self.carriers.lock().unwrap() = peers.to_vec();
+    }
+}
