@@ -71,14 +71,15 @@ pub struct EngineConfig {
     /// after [`Config::idle_timeout`]. NCCL's proxy thread stops calling between collectives,
     /// so the NCCL plugin turns it on (docs/nccl.md, "Progress"); see `keeper.rs`.
     pub keeper_takeover: bool,
-    /// Thread mode, sockets engine: the application's threads run the loop too. A post sends
-    /// at once and a poll of an empty completion queue receives, through a second sockets
-    /// backend over the same sockets, so an application that keeps calling waits for no
+    /// Thread mode, sockets and packet engines: the application's threads run the loop too. A
+    /// post sends at once and a poll of an empty completion queue receives, through a second
+    /// backend over the same sockets (and, with the packet engine, the same receive ring:
+    /// `io::open_pair`), so an application that keeps calling waits for no
     /// thread to be scheduled; the engine thread (which should then not spin, see
     /// [`Self::spin`]) wakes only for what arrives while nobody calls, such as one-sided
     /// operations aimed at an application polling its memory. A post does not wake the engine
     /// thread, so its sleeps are kept under [`ASSISTED_MAX_SLEEP`]: a deadline a post set is
-    /// late by at most that. Other engines ignore it. The libibverbs library turns it on.
+    /// late by at most that. io_uring ignores it. The libibverbs library turns it on.
     pub assist: bool,
     /// Data packets whose payload is at least this many bytes are sent as gathered datagrams:
     /// the header from the engine's buffer and the payload straight from the registered region

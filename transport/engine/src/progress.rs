@@ -37,7 +37,7 @@ use crate::config::{
 };
 use crate::failure::Failure;
 use crate::io::faults::{FaultPlan, FaultyIo};
-use crate::io::{EngineKind, Rails, open as open_io};
+use crate::io::{DatagramIo, EngineKind, Rails, open as open_io};
 use crate::keeper::Keeper;
 use crate::state::State;
 
@@ -612,7 +612,7 @@ pub(crate) type Launched = (EngineKind, Option<String>, JoinHandle<()>);
 pub(crate) fn launch(
     shared: &Arc<Shared>,
     config: &EngineConfig,
-    sockets: Vec<UdpSocket>,
+    mut sockets: Vec<UdpSocket>,
 ) -> io::Result<Launched> {
     match config.progress {
         Progress::Caller => {
@@ -633,17 +633,16 @@ pub(crate) fn launch(
             Ok((kind, fallback, keeper))
         }
         Progress::Thread => {
-            if config.assist && config.engine == EngineKind::Sockets {
-                // The application's own backends, over duplicates of the same sockets: a
-                // datagram goes to whichever thread reads first, and both handle it under the
-                // state's lock.
-                let clones = sockets
-                    .iter()
-                    .map(UdpSocket::try_clone)
-                    .collect::<io::Result<Vec<_>>>()?;
-                let (rails, _, _) = open_rails(config, clones, false)?;
-                *shared.io.lock().unwrap_or_else(|e| e.into_inner()) = Some(rails);
+            // Assisted: the application's backends and the engine thread's are opened here as
+            // pairs over the same sockets (a datagram goes to whichever set reads first, and
+            // both handle it under the state's lock); the engine thread's set moves to it.
+            let mut paired = None;
+            if config.assist && config.engine != EngineKind::Uring {
+                let (engine_rails, app_rails, kind, fallback) = open_rail_pairs(config, sockets)?;
+                *shared.io.lock().unwrap_or_else(|e| e.into_inner()) = Some(app_rails);
                 shared.assisted.store(true, Ordering::SeqCst);
+                paired = Some((engine_rails, kind, fallback));
+                sockets = Vec::new();
             }
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let thread_shared = Arc::clone(shared);
@@ -651,8 +650,11 @@ pub(crate) fn launch(
             let worker = std::thread::Builder::new()
                 .name("tbrdma-engine".into())
                 .spawn(move || {
-                    // The backend is created on this thread, which will be its only user.
-                    match open_rails(&thread_config, sockets, true) {
+                    // Unpaired, the backend is created on this thread, which will be its only
+                    // user (io_uring's single issuer).
+                    let opened =
+                        paired.map_or_else(|| open_rails(&thread_config, sockets, true), Ok);
+                    match opened {
                         Ok((rails, kind, fallback)) => {
                             let _ = ready_tx.send(Ok((kind, fallback)));
                             engine_thread(thread_shared, rails, thread_config);
@@ -679,28 +681,68 @@ fn open_rails(
     sockets: Vec<UdpSocket>,
     single_issuer: bool,
 ) -> io::Result<OpenedRails> {
-    let faults = match &config.faults {
-        Some(plan) => Some(plan.clone()),
-        None => {
-            FaultPlan::from_env().map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))?
-        }
-    };
+    let faults = fault_plan(config)?;
     let mut rails = Vec::with_capacity(sockets.len());
     let mut fallback = None;
     for (rail, socket) in sockets.into_iter().enumerate() {
-        let (mut io, why) = open_io(config.engine, socket, config.max_datagram, single_issuer)?;
+        let (io, why) = open_io(config.engine, socket, config.max_datagram, single_issuer)?;
         fallback = fallback.or(why);
-        if let Some(plan) = faults.as_ref().filter(|p| p.applies_to(rail)) {
-            tracing::warn!("rail {rail}: injecting faults into received datagrams: {plan:?}");
-            io = Box::new(FaultyIo::new(io, plan.clone(), rail));
-        }
-        rails.push(io);
+        rails.push(with_faults(io, faults.as_ref(), rail));
     }
     let kind = rails[0].kind();
     Ok((Rails::new(rails), kind, fallback))
 }
 
-/// Thread mode: the engine thread's loop, until the engine stops.
+/// [`open_rails`] for assisted thread mode: two sets over the same sockets (`io::open_pair`),
+/// the engine thread's and the application's.
+fn open_rail_pairs(
+    config: &EngineConfig,
+    sockets: Vec<UdpSocket>,
+) -> io::Result<(Rails, Rails, EngineKind, Option<String>)> {
+    let faults = fault_plan(config)?;
+    let (mut engine_side, mut app_side) = (Vec::new(), Vec::new());
+    let mut fallback = None;
+    for (rail, socket) in sockets.into_iter().enumerate() {
+        let (engine_io, app_io, why) =
+            crate::io::open_pair(config.engine, socket, config.max_datagram)?;
+        fallback = fallback.or(why);
+        engine_side.push(with_faults(engine_io, faults.as_ref(), rail));
+        app_side.push(with_faults(app_io, faults.as_ref(), rail));
+    }
+    let kind = engine_side[0].kind();
+    Ok((
+        Rails::new(engine_side),
+        Rails::new(app_side),
+        kind,
+        fallback,
+    ))
+}
+
+/// The fault plan of `config`, or of the environment (`TBRDMA_FAULTS`).
+fn fault_plan(config: &EngineConfig) -> io::Result<Option<FaultPlan>> {
+    match &config.faults {
+        Some(plan) => Ok(Some(plan.clone())),
+        None => {
+            FaultPlan::from_env().map_err(|why| io::Error::new(io::ErrorKind::InvalidInput, why))
+        }
+    }
+}
+
+/// `io`, behind the faulty cable of `plan` where it applies to `rail`.
+fn with_faults(
+    io: Box<dyn DatagramIo>,
+    plan: Option<&FaultPlan>,
+    rail: usize,
+) -> Box<dyn DatagramIo> {
+    match plan.filter(|p| p.applies_to(rail)) {
+        Some(plan) => {
+            tracing::warn!("rail {rail}: injecting faults into received datagrams: {plan:?}");
+            Box::new(FaultyIo::new(io, plan.clone(), rail))
+        }
+        None => io,
+    }
+}
+
 fn engine_thread(shared: Arc<Shared>, mut rails: Rails, config: EngineConfig) {
     if let Some(cpu) = config.cpu {
         let mut set = nix::sched::CpuSet::new();

@@ -2,7 +2,9 @@
 //! duplicates, corruption and reordering on both sides), on loopback, with no root and no
 //! nftables: each request completes successfully and every byte is where it belongs. Run with
 //! caller progress and with assisted thread progress (the libibverbs library's: application
-//! threads and a non-spinning engine thread share the sockets).
+//! threads and a non-spinning engine thread share the sockets), the latter on the sockets
+//! engine and on the packet engine, whose two backends share one receive ring (root; without
+//! it that run falls back to sockets).
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +24,15 @@ const AT_FLAGGED: usize = 4096;
 /// The cable of most tests here: a bit of every fault.
 const EVERY_FAULT: &str = "drop=3%,dup=2%,corrupt=2%,reorder=3%,reorder_by=300us";
 
-fn faulty(seed: u64, faults: &str, assisted: bool) -> DeviceConfig {
+/// Who runs the loop, and on which engine.
+#[derive(Clone, Copy)]
+enum Mode {
+    Caller,
+    Assisted(EngineKind),
+}
+
+fn faulty(seed: u64, faults: &str, mode: Mode) -> DeviceConfig {
+    let assisted = matches!(mode, Mode::Assisted(_));
     let plan = FaultPlan::parse(&format!("seed={seed},{faults}")).unwrap();
     DeviceConfig {
         engine: EngineConfig {
@@ -37,7 +47,10 @@ fn faulty(seed: u64, faults: &str, assisted: bool) -> DeviceConfig {
             } else {
                 EngineConfig::default().spin
             },
-            engine: EngineKind::Sockets,
+            engine: match mode {
+                Mode::Caller => EngineKind::Sockets,
+                Mode::Assisted(engine) => engine,
+            },
             faults: Some(plan),
             ..Default::default()
         },
@@ -52,14 +65,23 @@ struct Side {
     mr: MemoryRegion,
 }
 
-fn pair(assisted: bool) -> (Side, Side) {
-    pair_over(EVERY_FAULT, assisted)
+fn pair(mode: Mode) -> (Side, Side) {
+    pair_over(EVERY_FAULT, mode)
 }
 
-fn pair_over(faults: &str, assisted: bool) -> (Side, Side) {
+fn pair_over(faults: &str, mode: Mode) -> (Side, Side) {
     let access =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    let server_dev = Device::open("127.0.0.1", faulty(11, faults, assisted)).unwrap();
+    let server_dev = Device::open("127.0.0.1", faulty(11, faults, mode)).unwrap();
+    if let Mode::Assisted(engine) = mode
+        && nix::unistd::geteuid().is_root()
+    {
+        assert_eq!(
+            server_dev.engine_kind(),
+            engine,
+            "fell back to another engine"
+        );
+    }
     let server_pd = server_dev.alloc_pd();
     let server_mr = server_pd.alloc_mr(REGION, access).unwrap();
     let server_cq = server_dev.create_cq(256);
@@ -77,7 +99,7 @@ fn pair_over(faults: &str, assisted: bool) -> (Side, Side) {
             .unwrap();
         (conn, server_cq)
     });
-    let client_dev = Device::open("127.0.0.1", faulty(22, faults, assisted)).unwrap();
+    let client_dev = Device::open("127.0.0.1", faulty(22, faults, mode)).unwrap();
     let client_pd = client_dev.alloc_pd();
     let client_cq = client_dev.create_cq(256);
     let client_mr = client_pd.alloc_mr(REGION, access).unwrap();
@@ -164,7 +186,7 @@ fn bytes(mr: &MemoryRegion, at: usize, len: usize) -> Vec<u8> {
 /// memory it checks cannot change under it.
 #[test]
 fn a_writes_last_word_shows_only_once_the_whole_write_is_in_place() {
-    let (server, client) = pair_over("reorder=35%,reorder_by=300us", false);
+    let (server, client) = pair_over("reorder=35%,reorder_by=300us", Mode::Caller);
     // Several datagrams per WRITE; the word is the last 8 bytes.
     let len = 200_000usize;
     let mut buf = [Completion::default(); 8];
@@ -212,16 +234,21 @@ fn a_writes_last_word_shows_only_once_the_whole_write_is_in_place() {
 
 #[test]
 fn every_operation_is_exact_over_a_faulty_cable() {
-    every_operation_is_exact(false);
+    every_operation_is_exact(Mode::Caller);
 }
 
 #[test]
 fn every_operation_is_exact_over_a_faulty_cable_with_assisted_thread_progress() {
-    every_operation_is_exact(true);
+    every_operation_is_exact(Mode::Assisted(EngineKind::Sockets));
 }
 
-fn every_operation_is_exact(assisted: bool) {
-    let (server, client) = pair(assisted);
+#[test]
+fn every_operation_is_exact_over_a_faulty_cable_assisted_on_the_packet_engine() {
+    every_operation_is_exact(Mode::Assisted(EngineKind::Packet));
+}
+
+fn every_operation_is_exact(mode: Mode) {
+    let (server, client) = pair(mode);
     // The last is one that the engine places with streaming stores
     // (`tbrdma_engine::memory::STREAMING_MESSAGE_MIN`), of a length that is no multiple of 64.
     let sizes = [

@@ -566,15 +566,7 @@ pub fn open(
         EngineKind::Packet => match packet::PacketIo::new(socket.try_clone()?, max_datagram) {
             Ok(io) => Ok((Box::new(io), None)),
             Err(e) => {
-                let hint = if e.raw_os_error() == Some(libc::EPERM) {
-                    " (it needs CAP_NET_RAW: run as root)"
-                } else {
-                    ""
-                };
-                let why = format!(
-                    "the packet engine is unavailable: {e}{hint}; using the sockets engine"
-                );
-                tracing::warn!("{why}");
+                let why = packet_fallback(&e);
                 Ok((
                     Box::new(sockets::SocketIo::new(socket, max_datagram)?),
                     Some(why),
@@ -595,6 +587,58 @@ pub fn open(
             }
         }
     }
+}
+
+/// Two backends over one socket (the engine thread's, then the application's) and, on
+/// fallback, the reason: see [`open_pair`].
+pub type BackendPair = (Box<dyn DatagramIo>, Box<dyn DatagramIo>, Option<String>);
+
+/// Two backends over one `socket` for assisted thread mode: the engine thread's, then the
+/// application's (`EngineConfig::assist`). The sockets backend runs each over its own
+/// duplicate of the socket; the packet backend shares its packet socket and ring between the
+/// two (`PacketIo::new_pair`) and falls back to sockets as [`open`] does. io_uring has no
+/// such pair (an `Unsupported` error).
+pub fn open_pair(
+    preferred: EngineKind,
+    socket: UdpSocket,
+    max_datagram: usize,
+) -> io::Result<BackendPair> {
+    let sockets_pair = |socket: UdpSocket| -> io::Result<_> {
+        let first: Box<dyn DatagramIo> =
+            Box::new(sockets::SocketIo::new(socket.try_clone()?, max_datagram)?);
+        let second: Box<dyn DatagramIo> = Box::new(sockets::SocketIo::new(socket, max_datagram)?);
+        Ok((first, second))
+    };
+    match preferred {
+        EngineKind::Sockets => {
+            let (first, second) = sockets_pair(socket)?;
+            Ok((first, second, None))
+        }
+        EngineKind::Packet => match packet::PacketIo::new_pair(socket.try_clone()?, max_datagram) {
+            Ok((first, second)) => Ok((Box::new(first), Box::new(second), None)),
+            Err(e) => {
+                let why = packet_fallback(&e);
+                let (first, second) = sockets_pair(socket)?;
+                Ok((first, second, Some(why)))
+            }
+        },
+        EngineKind::Uring => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "io_uring backends do not run in pairs (assisted thread mode)",
+        )),
+    }
+}
+
+/// Why the packet engine could not open (`e`), said once, for a fallback to sockets.
+fn packet_fallback(e: &io::Error) -> String {
+    let hint = if e.raw_os_error() == Some(libc::EPERM) {
+        " (it needs CAP_NET_RAW: run as root)"
+    } else {
+        ""
+    };
+    let why = format!("the packet engine is unavailable: {e}{hint}; using the sockets engine");
+    tracing::warn!("{why}");
+    why
 }
 
 #[cfg(test)]

@@ -51,7 +51,7 @@ pub(crate) trait NeighbourTable {
 }
 
 /// The kernel's table, `/proc/net/arp`, entries of interface `ifname` only.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct KernelTable {
     pub(crate) ifname: String,
 }
@@ -111,6 +111,14 @@ impl<T: NeighbourTable> Neighbours<T> {
             unknown: HashMap::default(),
             wire_lookup_in: 0,
         }
+    }
+
+    /// A table over the same source that knows nothing yet (for a second backend on the rail).
+    pub(crate) fn empty_like(&self) -> Self
+    where
+        T: Clone,
+    {
+        Self::new(self.table.clone(), self.loopback)
     }
 
     /// `ip`'s address, if known.

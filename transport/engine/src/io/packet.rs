@@ -22,6 +22,11 @@
 //! io_uring engine, a host without root), a peer off the interface's subnet (relayed by a
 //! host in between), and this rail's own address on a link that does not loop frames back.
 //!
+//! Assisted thread mode (`EngineConfig::assist`) opens two backends over one rail
+//! ([`PacketIo::new_pair`]): the engine thread's and the application's. They share the packet
+//! socket and its ring (behind a lock: the ring's cursor and the frames it hands back are one
+//! reader's at a time), and each has its own duplicate of the UDP socket.
+//!
 //! **This file contains `unsafe`**: the ring is memory shared with the kernel, read through
 //! raw pointers under the ring's ownership protocol (a frame is the process's while its status
 //! says so), and the system calls take raw pointers to buffers owned by `self` or the batch.
@@ -30,6 +35,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use super::neighbours::{KernelTable, Lookup, Mac, Neighbours};
@@ -64,7 +70,7 @@ pub struct PacketIo {
     /// Receives on `socket` what peers reached over UDP send.
     udp: SocketIo,
     fd: OwnedFd,
-    ring: Ring,
+    ring: RxRing,
     ifindex: i32,
     local: SocketAddrV4,
     /// The interface's netmask: frames reach only addresses inside it.
@@ -83,6 +89,31 @@ pub struct PacketIo {
     failures: SendFailures,
     /// The last peer named (nothing is connected: see `set_peer`).
     peer: Option<SocketAddr>,
+}
+
+/// The receive ring as one backend holds it: its own, or shared with the other backend over
+/// the same rail (assisted thread mode, [`PacketIo::new_pair`]), which is one reader at a
+/// time. A backend alone pays no lock per poll.
+#[derive(Debug)]
+enum RxRing {
+    Own(Ring),
+    Shared(Arc<Mutex<Ring>>),
+}
+
+impl RxRing {
+    /// Runs `f` on the ring; `None` while the other backend is reading it (a poll that finds
+    /// nothing: that backend delivers what is there).
+    fn with<R>(&mut self, f: impl FnOnce(&mut Ring) -> R) -> Option<R> {
+        match self {
+            RxRing::Own(ring) => Some(f(ring)),
+            RxRing::Shared(ring) => match ring.try_lock() {
+                Ok(mut ring) => Some(f(&mut ring)),
+                // (A panic while reading leaves a ring whose cursor is still a frame index.)
+                Err(TryLockError::Poisoned(poisoned)) => Some(f(&mut poisoned.into_inner())),
+                Err(TryLockError::WouldBlock) => None,
+            },
+        }
+    }
 }
 
 /// The receive ring: `frames` frames of `frame_size` bytes, mapped from the socket.
@@ -234,6 +265,44 @@ impl PacketIo {
     /// Opens a packet socket on the interface of `socket`'s (IPv4) address, with a receive
     /// ring for datagrams up to `max_datagram` bytes.
     pub fn new(socket: UdpSocket, max_datagram: usize) -> io::Result<PacketIo> {
+        Self::open(socket, max_datagram, false)
+    }
+
+    /// Two backends over the rail of `socket` (see the module docs): one packet socket and
+    /// ring, read by one of them at a time, and a duplicate of the UDP socket each.
+    pub fn new_pair(socket: UdpSocket, max_datagram: usize) -> io::Result<(PacketIo, PacketIo)> {
+        let first = Self::open(socket, max_datagram, true)?;
+        let second = first.twin(max_datagram)?;
+        Ok((first, second))
+    }
+
+    /// A second backend over this one's sockets and shared ring.
+    fn twin(&self, max_datagram: usize) -> io::Result<PacketIo> {
+        let RxRing::Shared(ring) = &self.ring else {
+            return Err(io::Error::other(
+                "a packet backend's own ring cannot be shared",
+            ));
+        };
+        let socket = self.socket.try_clone()?;
+        Ok(PacketIo {
+            udp: SocketIo::new(socket.try_clone()?, max_datagram)?,
+            socket,
+            fd: self.fd.try_clone()?,
+            ring: RxRing::Shared(Arc::clone(ring)),
+            ifindex: self.ifindex,
+            local: self.local,
+            netmask: self.netmask,
+            loops_back: self.loops_back,
+            udp_peers: Vec::new(),
+            udp_live: false,
+            polls_since_udp: 0,
+            neighbours: self.neighbours.empty_like(),
+            failures: SendFailures::default(),
+            peer: None,
+        })
+    }
+
+    fn open(socket: UdpSocket, max_datagram: usize, shared: bool) -> io::Result<PacketIo> {
         let local = match socket.local_addr()? {
             SocketAddr::V4(a) if !a.ip().is_unspecified() => a,
             other => {
@@ -339,7 +408,11 @@ impl PacketIo {
             socket,
             udp,
             fd,
-            ring,
+            ring: if shared {
+                RxRing::Shared(Arc::new(Mutex::new(ring)))
+            } else {
+                RxRing::Own(ring)
+            },
             ifindex,
             local,
             netmask,
@@ -531,7 +604,8 @@ impl DatagramIo for PacketIo {
     }
 
     fn wait(&mut self, timeout: Duration, wake: BorrowedFd<'_>) -> io::Result<()> {
-        if self.ring.ready(self.ring.next).is_some() {
+        // (`None`: the other backend is reading the ring, so there is something to do.)
+        if self.ring.with(|ring| ring.ready(ring.next).is_none()) != Some(true) {
             return Ok(());
         }
         // A datagram on the UDP socket wakes this too, and the next receive call reads it
@@ -577,38 +651,38 @@ impl PacketIo {
     fn recv_frames(&mut self, deliver: &mut dyn FnMut(Received<'_>, SocketAddr)) -> usize {
         // The shim's first half names the destination: this rail's address and port.
         let to_us = shim(self.local, self.local);
-        let mut total = 0;
-        while total < BATCH {
-            let i = self.ring.next;
-            let Some(hdr) = self.ring.ready(i) else {
-                break;
-            };
-            let data = self
-                .ring
-                .bytes(i, usize::from(hdr.tp_net), hdr.tp_snaplen as usize);
-            let source = self
-                .ring
-                .bytes(i, SLL_OFFSET, SLL_LEN)
-                .and_then(unicast_source);
-            let whole = data.filter(|_| hdr.tp_snaplen == hdr.tp_len);
-            if let (Some((datagram, from)), Some(mac)) =
-                (whole.and_then(|f| parse_frame(f, &to_us)), source)
-            {
-                // Only from the host that owns the source the shim names.
-                let genuine = match from {
-                    SocketAddr::V4(v4) => self.neighbours.accepts(*v4.ip(), mac),
-                    SocketAddr::V6(_) => false,
-                };
-                if genuine {
-                    deliver(Received::whole(datagram), from);
+        let neighbours = &mut self.neighbours;
+        self.ring
+            .with(|ring| {
+                let mut total = 0;
+                while total < BATCH {
+                    let i = ring.next;
+                    let Some(hdr) = ring.ready(i) else {
+                        break;
+                    };
+                    let data = ring.bytes(i, usize::from(hdr.tp_net), hdr.tp_snaplen as usize);
+                    let source = ring.bytes(i, SLL_OFFSET, SLL_LEN).and_then(unicast_source);
+                    let whole = data.filter(|_| hdr.tp_snaplen == hdr.tp_len);
+                    if let (Some((datagram, from)), Some(mac)) =
+                        (whole.and_then(|f| parse_frame(f, &to_us)), source)
+                    {
+                        // Only from the host that owns the source the shim names.
+                        let genuine = match from {
+                            SocketAddr::V4(v4) => neighbours.accepts(*v4.ip(), mac),
+                            SocketAddr::V6(_) => false,
+                        };
+                        if genuine {
+                            deliver(Received::whole(datagram), from);
+                        }
+                    }
+                    ring.release(i);
+                    // (Not `%`: a division per frame.)
+                    ring.next = if i + 1 == ring.frames { 0 } else { i + 1 };
+                    total += 1;
                 }
-            }
-            self.ring.release(i);
-            // (Not `%`: a division per frame.)
-            self.ring.next = if i + 1 == self.ring.frames { 0 } else { i + 1 };
-            total += 1;
-        }
-        total
+                total
+            })
+            .unwrap_or(0)
     }
 }
 
