@@ -7,8 +7,10 @@
 //! - **GID 0** is the RoCE v2 IPv4-mapped address of the link, `::ffff:a.b.c.d`.
 //! - **Port slots**: each process binds its data socket on a link to `base + slot` (`base` from
 //!   `TBRDMA_IBV_PORT_BASE`, default [`DEFAULT_PORT_BASE`]; the first free slot of 255) and
-//!   numbers its queue pairs `(slot + 1) << 16 | index` (24 bits, never 0 or 1), so the peer
-//!   finds the port from the QPN the application exchanged.
+//!   numbers its queue pairs `(slot + 1) << 16 | frames | index` (24 bits, never 0 or 1;
+//!   `frames` is [`QPN_HEARS_FRAMES`] when the process runs the packet engine, and the index
+//!   takes the 15 bits below it), so the peer finds the port, and whether to send it frames
+//!   or UDP, from the QPN the application exchanged.
 //! - **Token**: SHA-256 over both endpoints (address, port, QPN, sorted), keyed with
 //!   `TBRDMA_IBV_PSK` when set (HMAC-SHA256); the first 8 bytes.
 
@@ -157,15 +159,33 @@ pub fn port_base() -> u16 {
         .unwrap_or(DEFAULT_PORT_BASE)
 }
 
-/// Queue pair number `index` (1..=0xffff) of the process in `slot`.
-pub fn qpn_of(slot: u16, index: u16) -> u32 {
-    (u32::from(slot) + 1) << 16 | u32::from(index)
+/// The bit of a queue pair number that says its process receives Ethernet frames (the packet
+/// engine): a peer sends it frames only then, else UDP (see [`qpn_of`]).
+pub const QPN_HEARS_FRAMES: u32 = 0x8000;
+/// Largest queue pair index of a process (the bits below [`QPN_HEARS_FRAMES`]).
+pub const MAX_QP_INDEX: u16 = 0x7fff;
+
+/// Queue pair number `index` (1..=[`MAX_QP_INDEX`]) of the process in `slot`, with
+/// [`QPN_HEARS_FRAMES`] when the process receives frames. A verbs application exchanges it
+/// with its peer, so it carries what the connection manager's carrier byte would.
+pub fn qpn_of(slot: u16, index: u16, hears_frames: bool) -> u32 {
+    let frames = if hears_frames { QPN_HEARS_FRAMES } else { 0 };
+    (u32::from(slot) + 1) << 16 | frames | u32::from(index & MAX_QP_INDEX)
+}
+
+/// Whether the process that owns queue pair `qpn` receives Ethernet frames.
+pub fn hears_frames(qpn: u32) -> bool {
+    qpn & QPN_HEARS_FRAMES != 0
 }
 
 /// The UDP port of the process that owns queue pair `qpn`, if `qpn` is one of ours.
 pub fn port_of_qpn(base: u16, qpn: u32) -> Option<u16> {
     let slot = qpn >> 16;
-    if qpn > 0x00ff_ffff || slot == 0 || slot > u32::from(PORT_SLOTS) || qpn & 0xffff == 0 {
+    if qpn > 0x00ff_ffff
+        || slot == 0
+        || slot > u32::from(PORT_SLOTS)
+        || qpn & u32::from(MAX_QP_INDEX) == 0
+    {
         return None;
     }
     base.checked_add(slot as u16 - 1)
@@ -217,12 +237,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn qpns_carry_the_port_slot_and_are_24_bits() {
-        assert_eq!(qpn_of(0, 1), 0x1_0001);
-        assert_eq!(port_of_qpn(18700, qpn_of(0, 1)), Some(18700));
-        assert_eq!(port_of_qpn(18700, qpn_of(254, 0xffff)), Some(18954));
-        assert!(qpn_of(254, 0xffff) <= 0x00ff_ffff);
-        for bad in [0, 1, 0xffff, 0x1_0000, 0x100_0001] {
+    fn qpns_carry_the_port_slot_and_the_carrier_and_are_24_bits() {
+        assert_eq!(qpn_of(0, 1, false), 0x1_0001);
+        assert_eq!(qpn_of(0, 1, true), 0x1_8001);
+        for frames in [false, true] {
+            assert_eq!(port_of_qpn(18700, qpn_of(0, 1, frames)), Some(18700));
+            assert_eq!(
+                port_of_qpn(18700, qpn_of(254, MAX_QP_INDEX, frames)),
+                Some(18954)
+            );
+            assert!(qpn_of(254, MAX_QP_INDEX, frames) <= 0x00ff_ffff);
+            assert_eq!(hears_frames(qpn_of(3, 77, frames)), frames);
+        }
+        for bad in [0, 1, 0x7fff, 0xffff, 0x1_0000, 0x1_8000, 0x100_0001] {
             assert_eq!(port_of_qpn(18700, bad), None, "{bad:#x}");
         }
     }

@@ -25,8 +25,8 @@ use tbrdma_proto::{
     Access, Config, ConnectionError, Event, Queue, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
 };
 use tbrdma_verbs::{
-    Completion, CompletionQueue, Device, DeviceConfig, DirectParams, EngineConfig, MemoryRegion,
-    Progress, ProtectionDomain, QueuePair, VerbsError,
+    Completion, CompletionQueue, Device, DeviceConfig, DirectParams, EngineConfig, EngineKind,
+    MemoryRegion, Progress, ProtectionDomain, QueuePair, VerbsError,
 };
 
 use crate::abi::*;
@@ -66,13 +66,27 @@ static NEXT_QP_INDEX: AtomicU16 = AtomicU16::new(1);
 /// [`engine_config`]).
 const SPIN_MIN_CPUS: usize = 4;
 
+/// The engine, from `TBRDMA_IBV_ENGINE`: the packet engine unless it names another. Without
+/// `CAP_NET_RAW` the packet engine falls back to sockets (said on standard error only when the
+/// variable asked for it): a verbs program usually runs unprivileged.
+fn engine_kind() -> (EngineKind, bool) {
+    match std::env::var("TBRDMA_IBV_ENGINE").as_deref() {
+        Ok("sockets") => (EngineKind::Sockets, true),
+        Ok("packet") => (EngineKind::Packet, true),
+        Ok("uring") => (EngineKind::Uring, true),
+        _ => (EngineKind::Packet, false),
+    }
+}
+
 fn engine_config() -> EngineConfig {
     // Thread progress so that one-sided operations land while the target polls its memory;
     // assisted, so that a program that keeps calling (posting, polling its CQ) sends and
-    // receives from its own thread and waits for no engine thread to be scheduled.
+    // receives from its own thread and waits for no engine thread to be scheduled. The
+    // packet engine: its polls read the receive ring with no system call (docs/ibverbs.md).
     let mut config = EngineConfig {
         progress: Progress::Thread,
         assist: std::env::var("TBRDMA_IBV_ASSIST").map_or(true, |v| v != "0"),
+        engine: engine_kind().0,
         ..Default::default()
     };
     // A verbs program busy-polls (its CQ or, like `ib_write_lat`, its memory), so each process
@@ -91,14 +105,6 @@ fn engine_config() -> EngineConfig {
         .and_then(|v| v.parse::<u64>().ok())
     {
         config.spin = Duration::from_micros(us);
-    }
-    if let Ok(kind) = std::env::var("TBRDMA_IBV_ENGINE") {
-        config.engine = match kind.as_str() {
-            "sockets" => tbrdma_verbs::EngineKind::Sockets,
-            "packet" => tbrdma_verbs::EngineKind::Packet,
-            "uring" => tbrdma_verbs::EngineKind::Uring,
-            _ => config.engine,
-        };
     }
     config
 }
@@ -123,6 +129,11 @@ pub fn open_link(link: &Link) -> Result<Arc<OpenLink>, Errno> {
         };
         match Device::open(&ip.to_string(), config) {
             Ok(device) => {
+                if let Some(why) = device.engine_fallback()
+                    && engine_kind().1
+                {
+                    eprintln!("tbrdma libibverbs: {}: {why}", link.ifname);
+                }
                 let opened = Arc::new(OpenLink {
                     device,
                     slot,
@@ -173,7 +184,7 @@ impl Context {
             vendor_id: 0x00ff_ffff,
             vendor_part_id: 0x7462,
             hw_ver: 0,
-            max_qp: 0xffff,
+            max_qp: i32::from(addressing::MAX_QP_INDEX),
             max_qp_wr: MAX_QP_WR as i32,
             device_cap_flags: 0,
             max_sge: 1,
@@ -558,12 +569,14 @@ impl Qp {
         cap.max_send_sge = 1;
         cap.max_recv_sge = 1;
         cap.max_inline_data = cap.max_inline_data.max(MIN_INLINE);
-        let index = NEXT_QP_INDEX.fetch_add(1, Ordering::Relaxed);
-        if index == 0 {
-            // 65535 queue pairs in this process: the numbering space is spent.
+        // (Never past the last index: a wrapped count would reuse a live queue pair's number.)
+        let Ok(index) = NEXT_QP_INDEX.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |i| {
+            (i <= addressing::MAX_QP_INDEX).then_some(i + 1)
+        }) else {
+            // 32767 queue pairs in this process: the numbering space is spent.
             return Err(libc::ENOMEM);
-        }
-        let qp_num = addressing::qpn_of(pd.link.slot, index);
+        };
+        let qp_num = addressing::qpn_of(pd.link.slot, index, pd.link.device.carries_frames());
         let slots = cap.max_send_wr as usize;
         let slot_len = cap.max_inline_data as usize;
         let mr = pd
@@ -778,6 +791,7 @@ impl Qp {
             active: addressing::is_active((local, self.qp_num), (peer, attr.dest_qp_num)),
             token,
             config: verbs_config(&inner.init),
+            peer_takes_frames: addressing::hears_frames(attr.dest_qp_num),
         };
         let tb =
             QueuePair::connect_direct(&inner.pd.tb, &self.send_cq.tb, &self.recv_cq.tb, params)

@@ -391,6 +391,17 @@ fn build_patterns(setup: &Setup) -> String {
 /// Runs the pattern program, server in rank 0, with `delays` (seconds before RTR) for the
 /// server and the client.
 fn run_patterns(setup: &Setup, exe: &str, port: u16, delays: [u32; 2]) {
+    run_patterns_with(setup, exe, port, delays, [None, None]);
+}
+
+/// [`run_patterns`] with `TBRDMA_IBV_ENGINE` set to `engines[rank]` where given.
+fn run_patterns_with(
+    setup: &Setup,
+    exe: &str,
+    port: u16,
+    delays: [u32; 2],
+    engines: [Option<&str>; 2],
+) {
     let port = port.to_string();
     let mut server_cmd = setup.command(0, exe, &strings(&["server", &setup.device(0), &port]));
     let mut client_cmd = setup.command(
@@ -398,9 +409,15 @@ fn run_patterns(setup: &Setup, exe: &str, port: u16, delays: [u32; 2]) {
         exe,
         &strings(&["client", &setup.device(1), &setup.address(0), &port]),
     );
-    for (cmd, delay) in [(&mut server_cmd, delays[0]), (&mut client_cmd, delays[1])] {
+    for ((cmd, delay), engine) in [(&mut server_cmd, delays[0]), (&mut client_cmd, delays[1])]
+        .into_iter()
+        .zip(engines)
+    {
         if delay > 0 {
             cmd.env("PATTERNS_RTR_DELAY_S", delay.to_string());
+        }
+        if let Some(engine) = engine {
+            cmd.env("TBRDMA_IBV_ENGINE", engine);
         }
     }
     let mut server = server_cmd.spawn().expect("start the server");
@@ -438,6 +455,38 @@ fn patterns_through_the_real_verbs_h_check_every_byte() {
     };
     let exe = build_patterns(&setup);
     run_patterns(&setup, &exe, 18690, [0, 0]);
+}
+
+/// The library runs the packet engine by default, and a process on the sockets engine (as one
+/// without root falls back to) still reaches it: each queue pair number says whether its
+/// process hears frames (docs/ibverbs.md). Two packet processes move their bytes in frames;
+/// with one sockets process either way round, no frame crosses the cable, and the pattern
+/// program checks every byte in each case.
+#[test]
+fn packet_and_sockets_processes_reach_each_other() {
+    let Some(setup) = patterns_setup("ibvm") else {
+        return;
+    };
+    if let Err(why) = setup.lab.watch_frames() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let exe = build_patterns(&setup);
+    run_patterns(&setup, &exe, 18694, [0, 0]);
+    let (frames, broadcast) = setup.lab.frames_sent();
+    // (The program's exchanges take about 70 frames.)
+    assert!(
+        frames > 20,
+        "two packet-engine processes sent {frames} frames: their bytes did not go in frames"
+    );
+    assert_eq!(broadcast, 0, "frames were broadcast");
+    run_patterns_with(&setup, &exe, 18695, [0, 0], [Some("sockets"), None]);
+    run_patterns_with(&setup, &exe, 18696, [0, 0], [None, Some("sockets")]);
+    let (after, _) = setup.lab.frames_sent();
+    assert_eq!(
+        after, frames,
+        "frames were sent to a process on the sockets engine, which cannot hear them"
+    );
 }
 
 /// One side reaches RTR seconds after the other (longer than tbrdma's default idle timeout

@@ -32,6 +32,11 @@ pub struct DirectParams {
     pub token: u64,
     /// Protocol configuration (fitted to the device as the connection manager does).
     pub config: Config,
+    /// Whether the peer receives Ethernet frames (it runs the packet engine): this side sends
+    /// it frames only then, and only when it runs the packet engine itself; UDP otherwise.
+    /// The caller learns it with the rest (the libibverbs library: from the peer's queue pair
+    /// number, docs/ibverbs.md).
+    pub peer_takes_frames: bool,
 }
 
 impl QueuePair {
@@ -62,8 +67,7 @@ impl QueuePair {
                     initial_psn: Psn(random_u64() as u32),
                 },
                 peers: vec![params.peer],
-                // Nothing was exchanged: both sides run the same engine (docs/ibverbs.md).
-                peer_takes_frames: device.carries_frames(),
+                peer_takes_frames: params.peer_takes_frames && device.carries_frames(),
                 pd: pd.id,
                 send_cq: send_cq.shared.clone(),
                 recv_cq: recv_cq.shared.clone(),
