@@ -11,7 +11,8 @@
 #
 # Per size and round: ib_write_lat, ib_send_lat and ib_write_bw (Debian's perftest,
 # unmodified, over target/release/libibverbs.so) against `tbrdma pingpong` / `tbrdma bw` with
-# the same operation and engine (sockets), in both of tbrdma's progress modes: its default
+# the same operation and engine (ENGINE, default `packet`, the library's; or `sockets`), in
+# both of tbrdma's progress modes: its default
 # (caller: the measuring thread runs the engine) and `--progress thread` (an engine thread per
 # process, as the library always has). Rounds interleave the systems so that the machine's
 # drift hits all of them. Prints one line per measurement and, per size, the median over the
@@ -23,6 +24,7 @@ ROUNDS=${1:-3}
 LAT_ITERS=${2:-2000}
 BW_ITERS=${3:-2000}
 BW_MIN_BYTES=${BW_MIN_BYTES:-$((400 << 20))}
+ENGINE=${ENGINE:-packet}
 LIB_SO=target/release/libibverbs.so
 TBRDMA=target/release/tbrdma
 for f in "$LIB_SO" "$TBRDMA"; do
@@ -46,7 +48,7 @@ ip -n "$A" link set "$IFA" mtu 65520 up; ip -n "$B" link set "$IFB" mtu 65520 up
 PORT=19000
 verbs() { # ns interface tool args...
     local ns=$1 ifc=$2; shift 2
-    ip netns exec "$ns" env LD_LIBRARY_PATH="$LIB" TBRDMA_IBV_DEVICES="$ifc" TBRDMA_IBV_ENGINE=sockets \
+    ip netns exec "$ns" env LD_LIBRARY_PATH="$LIB" TBRDMA_IBV_DEVICES="$ifc" TBRDMA_IBV_ENGINE="$ENGINE" \
         timeout 300 "$@" -d "tbrdma_$ifc"
 }
 wait_port() { # ns port
@@ -67,16 +69,16 @@ run_perftest() { # tool size iters field
 run_tbrdma() { # pingpong|bw op size iters field progress
     PORT=$((PORT + 1))
     ip netns exec "$A" timeout 300 "$TBRDMA" "$1" --op "$2" --size "$3" --iters "$4" \
-        --port "$PORT" --engine sockets --progress "$6" >/dev/null 2>&1 &
+        --port "$PORT" --engine "$ENGINE" --progress "$6" >/dev/null 2>&1 &
     local srv=$!
     wait_port "$PORT" "$A"
     ip netns exec "$B" timeout 300 "$TBRDMA" "$1" 10.99.0.1 --op "$2" --size "$3" --iters "$4" \
-        --port "$PORT" --engine sockets --progress "$6" 2>&1 | row_field "$3" "$4" "$5"
+        --port "$PORT" --engine "$ENGINE" --progress "$6" 2>&1 | row_field "$3" "$4" "$5"
     wait "$srv"
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a > 0 && b > 0) printf "%.3f ", a/b }'; }
 
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "engine $ENGINE; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 declare -A ratios
 for round in $(seq "$ROUNDS"); do
     for op in write send; do

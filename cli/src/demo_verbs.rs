@@ -36,7 +36,8 @@ fn tool(name: &str) -> Option<PathBuf> {
 /// Runs `ib_write_lat` between rank 0 (server) and rank 1 over rail 0, or says why not.
 pub fn run(lab: &str, hostfile: &Hostfile) -> anyhow::Result<()> {
     println!(
-        "\n== perftest's ib_write_lat, unmodified, over tbrdma's libibverbs (docs/ibverbs.md)"
+        "\n== perftest's ib_write_lat, unmodified, over tbrdma's libibverbs, on its Ethernet frames \
+         (the library's packet engine, as root; docs/ibverbs.md)"
     );
     let (Some(lib), Some(ib_write_lat)) = (library(), tool("ib_write_lat")) else {
         println!(
