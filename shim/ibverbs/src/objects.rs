@@ -66,15 +66,23 @@ static NEXT_QP_INDEX: AtomicU16 = AtomicU16::new(1);
 /// [`engine_config`]).
 const SPIN_MIN_CPUS: usize = 4;
 
-/// The engine, from `TBRDMA_IBV_ENGINE`: the packet engine unless it names another. Without
-/// `CAP_NET_RAW` the packet engine falls back to sockets (said on standard error only when the
-/// variable asked for it): a verbs program usually runs unprivileged.
-fn engine_kind() -> (EngineKind, bool) {
-    match std::env::var("TBRDMA_IBV_ENGINE").as_deref() {
-        Ok("sockets") => (EngineKind::Sockets, true),
-        Ok("packet") => (EngineKind::Packet, true),
-        Ok("uring") => (EngineKind::Uring, true),
-        _ => (EngineKind::Packet, false),
+/// The engine `TBRDMA_IBV_ENGINE` asks for, if it names one (`sockets`, `packet`, `uring`).
+/// Without it the library runs the packet engine, which falls back to sockets without
+/// `CAP_NET_RAW` (said on standard error only when the variable asked for it: a verbs program
+/// usually runs unprivileged).
+fn engine_asked() -> Option<EngineKind> {
+    let value = std::env::var("TBRDMA_IBV_ENGINE").ok()?;
+    match value.as_str() {
+        "sockets" => Some(EngineKind::Sockets),
+        "packet" => Some(EngineKind::Packet),
+        "uring" => Some(EngineKind::Uring),
+        _ => {
+            eprintln!(
+                "tbrdma libibverbs: TBRDMA_IBV_ENGINE={value:?} is none of sockets, packet, \
+                 uring; using the default (packet)"
+            );
+            None
+        }
     }
 }
 
@@ -86,7 +94,7 @@ fn engine_config() -> EngineConfig {
     let mut config = EngineConfig {
         progress: Progress::Thread,
         assist: std::env::var("TBRDMA_IBV_ASSIST").map_or(true, |v| v != "0"),
-        engine: engine_kind().0,
+        engine: engine_asked().unwrap_or(EngineKind::Packet),
         ..Default::default()
     };
     // A verbs program busy-polls (its CQ or, like `ib_write_lat`, its memory), so each process
@@ -130,7 +138,7 @@ pub fn open_link(link: &Link) -> Result<Arc<OpenLink>, Errno> {
         match Device::open(&ip.to_string(), config) {
             Ok(device) => {
                 if let Some(why) = device.engine_fallback()
-                    && engine_kind().1
+                    && std::env::var_os("TBRDMA_IBV_ENGINE").is_some()
                 {
                     eprintln!("tbrdma libibverbs: {}: {why}", link.ifname);
                 }

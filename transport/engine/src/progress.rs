@@ -638,11 +638,11 @@ pub(crate) fn launch(
             // both handle it under the state's lock); the engine thread's set moves to it.
             let mut paired = None;
             if config.assist && config.engine != EngineKind::Uring {
-                let (engine_rails, app_rails, kind, fallback) = open_rail_pairs(config, sockets)?;
+                let (engine_rails, app_rails, kind, fallback) =
+                    open_rail_pairs(config, std::mem::take(&mut sockets))?;
                 *shared.io.lock().unwrap_or_else(|e| e.into_inner()) = Some(app_rails);
                 shared.assisted.store(true, Ordering::SeqCst);
                 paired = Some((engine_rails, kind, fallback));
-                sockets = Vec::new();
             }
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let thread_shared = Arc::clone(shared);
