@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tbrdma_engine::io::packet::{PacketIo, RING_FRAMES};
 use tbrdma_engine::io::sockets::SocketIo;
 use tbrdma_engine::io::uring::{UringConfig, UringIo};
-use tbrdma_engine::io::{DatagramIo, EngineKind, Received, RegionPart, TxBatch, open};
+use tbrdma_engine::io::{DatagramIo, EngineKind, Received, RegionPart, TxBatch, open, open_pair};
 use tbrdma_engine::memory::Buffer;
 use tbrdma_engine::probe::probe;
 use tbrdma_engine::socket::{bind_udp, buffer_sizes};
@@ -589,6 +589,71 @@ fn packet_backend_moves_every_size_and_wakes_on_data() {
         }
     }
     panic!("no frame within the hang guard");
+}
+
+/// The two packet backends of one rail (assisted thread mode, `io::open_pair`) share its
+/// receive ring: whichever reads gets each frame, the other never sees it again, and both
+/// send. Needs root, like the tests above.
+#[test]
+fn a_pair_of_packet_backends_shares_one_ring_and_each_frame_arrives_once() {
+    let Some((mut peer, peer_addr, _, _)) = packet_pair() else {
+        return;
+    };
+    let rail = socket_at(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
+    let rail_addr = rail.local_addr().unwrap();
+    let (mut first, mut second, why) =
+        open_pair(EngineKind::Packet, rail, MAX_DATAGRAM).expect("open a pair");
+    assert_eq!(why, None);
+    assert_eq!(
+        (first.kind(), second.kind()),
+        (EngineKind::Packet, EngineKind::Packet)
+    );
+    let ring_budget = 4 * (RING_FRAMES - 4) * 1024;
+    let sizes: Vec<usize> = (0..200).map(|i| 1 + (i * 53) % 3000).collect();
+    let nothing_left = |io: &mut dyn DatagramIo, what: &str| {
+        let mut extra = 0;
+        io.recv(&mut None, &mut |_: Received<'_>, _| extra += 1)
+            .expect("recv");
+        assert_eq!(
+            extra, 0,
+            "{what} found {extra} frames the other had delivered"
+        );
+    };
+    for round in 0..4 {
+        // Alternate which of the two reads: the other finds nothing after it.
+        let (reader, other) = if round % 2 == 0 {
+            (first.as_mut(), second.as_mut())
+        } else {
+            (second.as_mut(), first.as_mut())
+        };
+        exchange(
+            peer.as_mut(),
+            peer_addr,
+            reader,
+            rail_addr,
+            ring_budget,
+            &sizes,
+        );
+        nothing_left(other, "the backend that did not read");
+        nothing_left(reader, "the backend that read");
+    }
+    // Both send from the rail's address.
+    exchange(
+        first.as_mut(),
+        rail_addr,
+        peer.as_mut(),
+        peer_addr,
+        ring_budget,
+        &sizes,
+    );
+    exchange(
+        second.as_mut(),
+        rail_addr,
+        peer.as_mut(),
+        peer_addr,
+        ring_budget,
+        &sizes,
+    );
 }
 
 /// The packet backend sends a datagram whose payload lies in a registered region (a header in
