@@ -632,7 +632,7 @@ pub fn open_pair(
 /// Why the packet engine could not open (`e`), said once, for a fallback to sockets.
 fn packet_fallback(e: &io::Error) -> String {
     let hint = if e.raw_os_error() == Some(libc::EPERM) {
-        " (it needs CAP_NET_RAW: run as root)"
+        " (it needs CAP_NET_RAW: run as root, or give the program that capability)"
     } else {
         ""
     };
