@@ -404,11 +404,7 @@ fn run_patterns_with(
 ) {
     let port = port.to_string();
     let mut server_cmd = setup.command(0, exe, &strings(&["server", &setup.device(0), &port]));
-    let mut client_cmd = setup.command(
-        1,
-        exe,
-        &strings(&["client", &setup.device(1), &setup.address(0), &port]),
-    );
+    let mut client_cmd = setup.command(1, exe, &patterns_client_args(setup, &port));
     for ((cmd, delay), engine) in [(&mut server_cmd, delays[0]), (&mut client_cmd, delays[1])]
         .into_iter()
         .zip(engines)
@@ -420,6 +416,20 @@ fn run_patterns_with(
             cmd.env("TBRDMA_IBV_ENGINE", engine);
         }
     }
+    run_pattern_pair(server_cmd, client_cmd, &format!("delays {delays:?}"));
+}
+
+/// The pattern client's arguments, for a server in rank 0 on `port`.
+fn patterns_client_args(setup: &Setup, port: &str) -> Vec<String> {
+    strings(&["client", &setup.device(1), &setup.address(0), port])
+}
+
+/// Runs a pattern server and client; returns their output after checking that both passed.
+fn run_pattern_pair(
+    mut server_cmd: Command,
+    mut client_cmd: Command,
+    what: &str,
+) -> (String, String) {
     let mut server = server_cmd.spawn().expect("start the server");
     let mut first = String::new();
     BufReader::new(server.stdout.as_mut().unwrap())
@@ -434,8 +444,9 @@ fn run_patterns_with(
             && client.status.success()
             && s.contains("PASS")
             && c.contains("PASS"),
-        "delays {delays:?}\n--- server:\n{s}\n--- client:\n{c}"
+        "{what}\n--- server:\n{s}\n--- client:\n{c}"
     );
+    (s, c)
 }
 
 fn patterns_setup(tag: &str) -> Option<Setup> {
@@ -486,6 +497,55 @@ fn packet_and_sockets_processes_reach_each_other() {
     assert_eq!(
         after, frames,
         "frames were sent to a process on the sockets engine, which cannot hear them"
+    );
+}
+
+/// A process without `CAP_NET_RAW` (an ordinary user, as most verbs programs run) falls back
+/// to the sockets engine, says so when asked for the packet engine, and still reaches a packet
+/// process: its queue pair numbers lack the frames bit, so it gets UDP. No frame crosses the
+/// cable.
+#[test]
+fn a_process_without_cap_net_raw_falls_back_and_still_reaches_a_packet_peer() {
+    let Some(setup) = patterns_setup("ibvu") else {
+        return;
+    };
+    if find_tool("setpriv").is_none() {
+        eprintln!("SKIPPED: setpriv is not installed (Debian: apt-get install util-linux)");
+        return;
+    }
+    if let Err(why) = setup.lab.watch_frames() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let exe = build_patterns(&setup);
+    // The unprivileged user may not reach the build folder: a world-readable copy of the
+    // library (the program is built in the library folder, under the temporary directory).
+    let copy = setup.lib.join("world-readable");
+    std::fs::create_dir_all(&copy).expect("a folder for the copy");
+    let lib = std::fs::read_link(setup.lib.join("libibverbs.so.1")).expect("the library's link");
+    std::fs::copy(&lib, copy.join("libibverbs.so.1")).expect("copy the library");
+    use std::os::unix::fs::PermissionsExt;
+    for path in [&setup.lib, &copy] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let port = "18697";
+    let server = setup.command(0, &exe, &strings(&["server", &setup.device(0), port]));
+    // As user nobody, with no capability (and root's memory lock limit, inherited).
+    let mut args = strings(&["--reuid=65534", "--regid=65534", "--clear-groups", &exe]);
+    args.extend(patterns_client_args(&setup, port));
+    let mut client = setup.command_within(1, 60, "setpriv", &args);
+    client
+        .env("LD_LIBRARY_PATH", &copy)
+        .env("TBRDMA_IBV_ENGINE", "packet");
+    let (_, c) = run_pattern_pair(server, client, "an unprivileged client");
+    assert!(
+        c.contains("CAP_NET_RAW") && c.contains("using the sockets engine"),
+        "the unprivileged client did not say it fell back:\n{c}"
+    );
+    let (frames, _) = setup.lab.frames_sent();
+    assert_eq!(
+        frames, 0,
+        "frames were sent to a process that cannot hear them"
     );
 }
 
