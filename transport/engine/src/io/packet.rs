@@ -533,9 +533,9 @@ impl DatagramIo for PacketIo {
                 part,
             ];
             let iov_len = if part.iov_len > 0 { 3 } else { 2 };
-            let mut ll = sys::link_addr(self.ifindex, ETHERTYPE, mac);
-            // (Filled only for UDP: a frame's datagram needs no socket address built.)
-            let mut name = None;
+            // (Each filled only for its carrier: the link address for a frame, the socket
+            // address for a UDP datagram.)
+            let (mut ll, mut name) = (None, None);
             // Over UDP the datagram goes without the shim, to the peer's address; as a frame,
             // behind it, to the peer's MAC address.
             let (fd, msg) = if udp {
@@ -548,8 +548,9 @@ impl DatagramIo for PacketIo {
                 );
                 (self.socket.as_raw_fd(), msg)
             } else {
+                let ll = ll.insert(sys::link_addr(self.ifindex, ETHERTYPE, mac));
                 let msg = sys::msghdr(
-                    &mut ll as *mut _ as *mut libc::c_void,
+                    ll as *mut _ as *mut libc::c_void,
                     std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
                     iov.as_mut_ptr(),
                     iov_len,
