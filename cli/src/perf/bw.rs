@@ -30,7 +30,7 @@ use tbrdma_verbs::{Access, MemoryRegion, RecvWr, SendOp, SendWr, WcOpcode, WorkC
 use crate::perf::options::{BwArgs, BwOp, Measures};
 use crate::perf::paired::{self, StreamLine};
 use crate::perf::pattern;
-use crate::perf::report::{self, Bandwidth};
+use crate::perf::report::{self, Bandwidth, Recovery};
 use crate::perf::session::{
     self, Announce, CONTROL, DONE_IMM, DONE_LEN, DONE_WORDS, Interrupted, Remote, Session, Setup,
     Watch,
@@ -184,6 +184,7 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
             }
         };
         let before = baseline()?;
+        let recovered_before = run.recovery();
         let mut partial = None;
         let (result, stopped) = match run.phase(size, limit, &mut partial) {
             Ok(r) => (Some(r), None),
@@ -197,7 +198,17 @@ pub fn run(args: BwArgs) -> anyhow::Result<()> {
             let line = before
                 .zip(after)
                 .map(|(b, a)| StreamLine::new(&b, &a, r.avg_mib_s));
-            report::bandwidth_line(json, &op_name, engine, size, &r, args.verify, line.as_ref());
+            let recovery = run.recovery().since(&recovered_before);
+            report::bandwidth_line(
+                json,
+                &op_name,
+                engine,
+                size,
+                &r,
+                args.verify,
+                line.as_ref(),
+                &recovery,
+            );
         }
         if let Some(e) = stopped {
             if e.is::<Interrupted>() && server.is_some() {
@@ -340,6 +351,25 @@ impl Meter {
 }
 
 impl Run {
+    /// What this side's connections have resent so far, and sent on each rail.
+    fn recovery(&self) -> Recovery {
+        let mut total = Recovery::default();
+        for link in &self.session.links {
+            let stats = link.qp.stats();
+            total.retransmits += stats.retransmits;
+            total.tail_probes += stats.tail_probes;
+            total.timeouts += stats.timeouts;
+            let (per_rail, _) = link.qp.rail_stats();
+            if total.rail_datagrams.len() < per_rail.len() {
+                total.rail_datagrams.resize(per_rail.len(), 0);
+            }
+            for (sum, n) in total.rail_datagrams.iter_mut().zip(per_rail) {
+                *sum += n;
+            }
+        }
+        total
+    }
+
     fn post_recv(&self, l: usize, j: usize) -> anyhow::Result<()> {
         let recv = self.recv.as_ref().expect("receive slots");
         let slot = l * self.recv_slots + j;

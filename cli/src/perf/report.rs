@@ -127,9 +127,63 @@ struct BandwidthJson<'a> {
     /// `--paired-with`: the baseline run before and after tbrdma and tbrdma's ratio to it.
     #[serde(skip_serializing_if = "Option::is_none")]
     paired: Option<&'a StreamLine>,
+    recovery: &'a Recovery,
 }
 
-/// One size's bandwidth line (and, with `--paired-with`, a comment line under it).
+/// What this side's connections resent during one size, and how its datagrams spread over the
+/// cables: a bandwidth that falls short of the cable's says here whether datagrams were lost
+/// (or thought lost) on the way.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Recovery {
+    /// Packets sent again (tail probes included).
+    pub retransmits: u64,
+    /// Tail loss probes sent.
+    pub tail_probes: u64,
+    /// Retransmission timeouts that fired.
+    pub timeouts: u64,
+    /// Datagrams sent on each cable (one entry per rail).
+    pub rail_datagrams: Vec<u64>,
+}
+
+impl Recovery {
+    /// What happened between `earlier` (a snapshot of the same connections) and this one.
+    pub fn since(&self, earlier: &Recovery) -> Recovery {
+        Recovery {
+            retransmits: self.retransmits.saturating_sub(earlier.retransmits),
+            tail_probes: self.tail_probes.saturating_sub(earlier.tail_probes),
+            timeouts: self.timeouts.saturating_sub(earlier.timeouts),
+            rail_datagrams: self
+                .rail_datagrams
+                .iter()
+                .enumerate()
+                .map(|(i, n)| n.saturating_sub(earlier.rail_datagrams.get(i).copied().unwrap_or(0)))
+                .collect(),
+        }
+    }
+
+    /// The comment line under the size's row of the table.
+    pub fn text(&self) -> String {
+        let rails = match self.rail_datagrams.as_slice() {
+            [_] | [] => String::new(),
+            per_rail => format!(
+                "; datagrams per rail {}",
+                per_rail
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            ),
+        };
+        format!(
+            "# this side resent {} packets (tail probes {}), timeouts {}{rails}",
+            self.retransmits, self.tail_probes, self.timeouts
+        )
+    }
+}
+
+/// One size's bandwidth line and, under it, a comment line with what was resent (and with
+/// `--paired-with`, one with the baseline).
+#[allow(clippy::too_many_arguments)]
 pub fn bandwidth_line(
     json: bool,
     op: &str,
@@ -138,6 +192,7 @@ pub fn bandwidth_line(
     b: &Bandwidth,
     verified: bool,
     paired: Option<&StreamLine>,
+    recovery: &Recovery,
 ) {
     if json {
         let round = |v: f64| (v * 1000.0).round() / 1000.0;
@@ -151,6 +206,7 @@ pub fn bandwidth_line(
             msg_rate_mpps: (b.msg_rate_mpps * 1e6).round() / 1e6,
             verified,
             paired,
+            recovery,
         };
         out(&serde_json::to_string(&line).expect("plain data serializes"));
     } else {
@@ -158,6 +214,7 @@ pub fn bandwidth_line(
             " {:<10} {:<14} {:<19.2} {:<21.2} {:.6}",
             bytes, b.iters, b.peak_mib_s, b.avg_mib_s, b.msg_rate_mpps
         ));
+        out(&recovery.text());
         if let Some(p) = paired {
             out(&p.text());
         }
