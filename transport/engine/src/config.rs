@@ -51,8 +51,11 @@ pub struct EngineConfig {
     pub cpu: Option<usize>,
     /// Largest datagram on the link (MTU minus IP and UDP headers).
     pub max_datagram: usize,
-    /// Socket receive and send buffer size to ask for.
-    pub socket_buffer: usize,
+    /// UDP socket receive buffer to ask for: a window of 64 KiB datagrams must fit (what the
+    /// kernel grants bounds the advertised window).
+    pub receive_buffer: usize,
+    /// UDP socket send buffer to ask for ([`DEFAULT_SEND_BUFFER`]).
+    pub send_buffer: usize,
     /// Caller mode, and thread mode when assisted ([`Self::assist`]): hold the acknowledgement
     /// of a just-completed message for a reply to carry, on its queue pair or on another to
     /// the same peer (see the module docs of `worker.rs` for when a hold ends). The keeper
@@ -186,6 +189,21 @@ pub const ASSISTED_QUIET_SPIN: Duration = Duration::from_micros(1000);
 /// fast path) and everything from a page-ish payload up skips the copy.
 pub const DEFAULT_GATHER_THRESHOLD: Option<usize> = Some(1024);
 
+/// The UDP send buffer asked for (Linux grants twice this, half for its bookkeeping): about
+/// the kernel's own default, which the packet engine's frame socket keeps. A datagram holds its
+/// share of the buffer while it waits in the interface's queue, so this bounds what a cable
+/// slower than the host has queued before the kernel answers "try again" (EAGAIN, which every
+/// backend retries). The protocol has no congestion control: a queue that overflows loses
+/// datagrams, and their resends fill it again. With a cable held to 8 Gbit/s by a token bucket
+/// with a 3 MB queue, the 16 MiB asked for before let the queue drop 40-57 % of a bulk
+/// transfer's datagrams (400-455 MiB/s instead of 950); at 4 Gbit/s with a 2 MB queue even
+/// 1 MiB overflowed it (230 MiB/s instead of 433); with this, neither did.
+/// A 16 MiB buffer also let a whole window (8 MiB) wait in a Thunderbolt interface's queue,
+/// milliseconds at its rate, past the 5 ms at which fq_codel, the usual default, drops. On veth,
+/// loopback and a cable that keeps up, a datagram leaves the buffer as soon as it is handed on,
+/// and the size changes nothing (docs/performance.md, "Cables slower than the host").
+pub const DEFAULT_SEND_BUFFER: usize = 256 << 10;
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
@@ -195,7 +213,8 @@ impl Default for EngineConfig {
             max_sleep: Duration::from_millis(50),
             cpu: None,
             max_datagram: Config::default().max_datagram,
-            socket_buffer: 16 << 20,
+            receive_buffer: 16 << 20,
+            send_buffer: DEFAULT_SEND_BUFFER,
             hold_acks: true,
             gather_threshold: DEFAULT_GATHER_THRESHOLD,
             keeper_period: KEEPER_HOLD,

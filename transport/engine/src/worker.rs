@@ -101,7 +101,7 @@ impl Engine {
         }
         let sockets = binds
             .iter()
-            .map(|b| bind_socket(*b, config.socket_buffer))
+            .map(|b| bind_socket(*b, config.receive_buffer, config.send_buffer))
             .collect::<io::Result<Vec<_>>>()?;
         let local_addrs = sockets
             .iter()
@@ -459,10 +459,9 @@ impl Drop for Engine {
     }
 }
 
-fn bind_socket(bind: SocketAddr, buffer: usize) -> io::Result<UdpSocket> {
-    // Ask for large buffers (forced past the sysctl caps where allowed): a window of 64 KiB
-    // datagrams must fit. What the kernel grants bounds the advertised window instead.
-    let socket = crate::socket::bind_udp(bind, buffer, buffer)?;
+fn bind_socket(bind: SocketAddr, receive: usize, send: usize) -> io::Result<UdpSocket> {
+    // Forced past the sysctl caps where allowed (see `EngineConfig::{receive,send}_buffer`).
+    let socket = crate::socket::bind_udp(bind, receive, send)?;
     socket.set_nonblocking(true)?;
     Ok(socket)
 }
