@@ -150,6 +150,9 @@ pub struct Stats {
     pub rnr_naks_sent: u64,
     /// Sequence-error NAKs sent.
     pub seq_naks_sent: u64,
+    /// Sequence-error NAKs received for a packet still on its way over a slower path (see
+    /// `paths.rs`), so not answered with a resend.
+    pub naks_for_reordering: u64,
     /// Explicit ACK packets sent.
     pub acks_sent: u64,
 }
@@ -1101,7 +1104,10 @@ impl Connection {
         mem: &M,
         gather_from: usize,
     ) -> Option<(usize, Option<PayloadRef>)> {
-        let psn = self.tx.next_to_send(now, &mut self.timers)?;
+        let paths = &self.paths;
+        let psn = self
+            .tx
+            .next_to_send_judging(now, &mut self.timers, |p| paths.presumed_lost(p))?;
         self.last_path = self.paths.for_packet(psn, || self.tx.is_striped(psn));
         let header = self.header(Opcode::Send, psn, 0);
         let built = self

@@ -13,6 +13,15 @@
 //! keep-alive every [`crate::Config::path_probe_interval`]; the peer answers on the path the probe came in on, and any
 //! datagram that arrives on a path marks it up again. The earliest probe due is the connection's
 //! [`Timer::PathProbe`], which the methods that change it keep up to date.
+//!
+//! Loss or reordering: each cable delivers in the order it was given, but two cables do not
+//! keep pace with each other (a queue in front of one, a slower one), so a receiver sees gaps
+//! that the other cable fills a moment later. A packet is presumed lost only when one sent
+//! after it on the same path has arrived ([`Paths::presumed_lost`], RACK's rule with the
+//! path's own order); the sender ignores a receiver's gap report (NAK) until then, and resends
+//! only the packets so presumed. Over two cables emulated at 8 Gbit/s each, answering every
+//! NAK made the sender resend a fifth to a quarter of a bulk transfer (docs/performance.md,
+//! "Cables slower than the host").
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -34,51 +43,84 @@ pub(super) struct Paths {
     probe_interval: Duration,
     /// The path each unacknowledged sequenced packet last went out on.
     sent_on: SentOn,
+    /// Per path, one more than the highest transmission number ([`Sent::order`]) known to
+    /// have arrived (0: none yet): everything sent on the path before it has arrived or is
+    /// lost, since a path delivers in order.
+    delivered: Vec<u64>,
 }
 
-/// The path of each sequenced packet from the oldest unacknowledged one to the newest sent:
-/// one entry per packet in flight, so bounded by the window the sender honours.
+/// One transmission of a sequenced packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Sent {
+    path: u16,
+    /// The connection's count of sequenced transmissions when it went: orders the
+    /// transmissions on each path, resends included (a PSN's does not).
+    order: u64,
+}
+
+/// The last transmission of each sequenced packet from the oldest unacknowledged one to the
+/// newest sent: one entry per packet in flight, so bounded by the window the sender honours.
 #[derive(Debug, Default)]
 struct SentOn {
     /// PSN of the first entry.
     base: Psn,
-    paths: VecDeque<u16>,
+    sent: VecDeque<Sent>,
+    /// Transmissions recorded so far.
+    transmissions: u64,
 }
 
 impl SentOn {
-    /// Drops the entries of packets before `snd_una` (acknowledged).
-    fn trim(&mut self, snd_una: Psn) {
+    /// Drops the entries of packets before `snd_una` (acknowledged), counting each as
+    /// arrived on its path in `delivered`.
+    fn trim(&mut self, snd_una: Psn, delivered: &mut [u64]) {
         let acked = snd_una.diff(self.base);
-        if acked < 0 || acked as usize >= self.paths.len() {
-            // Everything acknowledged (or a base from before a reset): start afresh.
-            self.paths.clear();
-            self.base = snd_una;
+        if acked <= 0 {
+            if acked < 0 {
+                // A base from before a reset: start afresh.
+                self.sent.clear();
+                self.base = snd_una;
+            }
             return;
         }
-        self.paths.drain(..acked as usize);
+        let acked = (acked as usize).min(self.sent.len());
+        for s in self.sent.drain(..acked) {
+            arrived(delivered, s);
+        }
         self.base = snd_una;
     }
 
-    fn record(&mut self, psn: Psn, path: u16, snd_una: Psn) {
-        self.trim(snd_una);
+    fn record(&mut self, psn: Psn, path: u16, snd_una: Psn, delivered: &mut [u64]) {
+        self.trim(snd_una, delivered);
         let Ok(index) = usize::try_from(psn.diff(self.base)) else {
             return;
         };
-        if let Some(slot) = self.paths.get_mut(index) {
-            *slot = path;
-        } else if index == self.paths.len() {
+        let sent = Sent {
+            path,
+            order: self.transmissions,
+        };
+        self.transmissions += 1;
+        if let Some(slot) = self.sent.get_mut(index) {
+            *slot = sent;
+        } else if index == self.sent.len() {
             // The usual case: the next PSN, sent for the first time.
-            self.paths.push_back(path);
+            self.sent.push_back(sent);
         } else {
             // PSNs go out in order the first time, so this is the next one; should a gap
-            // ever appear, its packets are counted as sent on this path too.
-            self.paths.resize(index + 1, path);
+            // ever appear, its packets are counted as sent now on this path too.
+            self.sent.resize(index + 1, sent);
         }
     }
 
-    fn get(&self, psn: Psn) -> Option<usize> {
+    fn get(&self, psn: Psn) -> Option<Sent> {
         let index = usize::try_from(psn.diff(self.base)).ok()?;
-        self.paths.get(index).map(|&p| usize::from(p))
+        self.sent.get(index).copied()
+    }
+}
+
+/// Counts transmission `s` as arrived.
+fn arrived(delivered: &mut [u64], s: Sent) {
+    if let Some(d) = delivered.get_mut(usize::from(s.path)) {
+        *d = (*d).max(s.order + 1);
     }
 }
 
@@ -91,6 +133,7 @@ impl Paths {
             failovers: 0,
             probe_interval,
             sent_on: SentOn::default(),
+            delivered: vec![0],
         }
     }
 
@@ -99,7 +142,13 @@ impl Paths {
         self.up = vec![true; n];
         self.next_probe = vec![Time::ZERO; n];
         self.sent = vec![0; n];
+        self.delivered = vec![0; n];
         self.rearm(timers);
+    }
+
+    /// Whether there is more than one path (only then is anything recorded per packet).
+    pub fn several(&self) -> bool {
+        self.up.len() > 1
     }
 
     pub fn count(&self) -> usize {
@@ -152,18 +201,56 @@ impl Paths {
             return;
         }
         let path = u16::try_from(path).unwrap_or(u16::MAX);
-        self.sent_on.record(psn, path, snd_una);
+        self.sent_on.record(psn, path, snd_una, &mut self.delivered);
     }
 
     /// The path the sequenced packet `psn` last went out on, if it is still unacknowledged
     /// and was sent (never known with a single path: see `record_sent`).
     pub fn sent_path(&self, psn: Psn) -> Option<usize> {
-        self.sent_on.get(psn)
+        self.sent_on.get(psn).map(|s| usize::from(s.path))
+    }
+
+    /// The peer acknowledged everything before `snd_una` (several paths only: see
+    /// `record_sent`).
+    pub fn on_acked(&mut self, snd_una: Psn) {
+        self.sent_on.trim(snd_una, &mut self.delivered);
+    }
+
+    /// The peer acknowledged the packets from `start` up to `end` selectively.
+    pub fn on_sacked(&mut self, start: Psn, end: Psn) {
+        let base = self.sent_on.base;
+        let mut psn = if start.before(base) { base } else { start };
+        // (At most the entries recorded, a window's: none past the newest sent.)
+        while psn.before(end) {
+            let Some(s) = self.sent_on.get(psn) else {
+                break;
+            };
+            arrived(&mut self.delivered, s);
+            psn = psn.plus(1);
+        }
+    }
+
+    /// Whether the unacknowledged packet `psn` is presumed lost: a packet sent after its last
+    /// transmission on the same path has arrived (a path delivers in order). A packet of which
+    /// nothing is known (one path, or never sent) is presumed lost, as every gap was before
+    /// paths were told apart.
+    pub fn presumed_lost(&self, psn: Psn) -> bool {
+        match self.sent_on.get(psn) {
+            Some(s) => self
+                .delivered
+                .get(usize::from(s.path))
+                .is_some_and(|&d| d > s.order),
+            None => true,
+        }
     }
 
     /// Forgets every packet's path (nothing is outstanding any more).
     pub fn forget_sent(&mut self) {
-        self.sent_on = SentOn::default();
+        // (The count goes on: `delivered` compares with it.)
+        self.sent_on = SentOn {
+            transmissions: self.sent_on.transmissions,
+            ..SentOn::default()
+        };
     }
 
     /// Declares `path` down unless it is the last one up; returns whether it did.

@@ -393,6 +393,12 @@ impl Connection {
                 self.tx.set_peer_window(window);
                 self.tx.on_receive_limit(receive_limit);
                 self.tx.on_sack(sacks.as_slice());
+                if self.paths.several() && !sacks.as_slice().is_empty() {
+                    for block in sacks.as_slice() {
+                        self.paths.on_sacked(block.start, block.end);
+                    }
+                    self.resend_what_a_path_lost();
+                }
             }
             Ext::Nak {
                 psn,
@@ -400,7 +406,15 @@ impl Connection {
                 ..
             } => {
                 cold_path();
-                self.tx.on_sequence_nak(psn, &mut self.timers)
+                if !self.paths.several() {
+                    self.tx.on_sequence_nak(psn, &mut self.timers)
+                } else if self.paths.presumed_lost(psn) {
+                    self.tx.resend_presumed_lost(psn, &mut self.timers)
+                } else {
+                    // The gap is a packet on its way over a slower path: what follows it on
+                    // its own path arriving first is what makes it lost.
+                    self.stats.naks_for_reordering += 1;
+                }
             }
             Ext::Nak {
                 psn,
@@ -429,10 +443,25 @@ impl Connection {
         let (progress, fatal_acked) = self.tx.on_cumulative_ack(ack, now, &mut self.timers);
         if progress {
             self.sq.mark_acked_before(ack);
+            if self.paths.several() {
+                self.paths.on_acked(self.tx.snd_una());
+                self.resend_what_a_path_lost();
+            }
         }
         if fatal_acked {
             let code = self.refused.unwrap_or(ErrorCode::RemoteOperational);
             self.fail(None, ConnectionError::PeerRequestRefused(code));
+        }
+    }
+
+    /// Over several paths: resends the oldest unacknowledged packet (and the others presumed
+    /// lost after it) once a packet sent after it on its path has arrived, unless a resend is
+    /// under way. The receiver's NAK for it may have come and gone while it still looked like
+    /// reordering.
+    fn resend_what_a_path_lost(&mut self) {
+        let oldest = self.tx.snd_una();
+        if !self.tx.resending() && self.paths.presumed_lost(oldest) {
+            self.tx.resend_presumed_lost(oldest, &mut self.timers);
         }
     }
 

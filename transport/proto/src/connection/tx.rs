@@ -184,6 +184,9 @@ pub(super) struct TxStream {
     sacked: Vec<(Psn, Psn)>,
     /// Retransmission cursor.
     rtx: Option<Psn>,
+    /// Whether the cursor resends only the packets presumed lost (see
+    /// [`Self::resend_presumed_lost`]) rather than every one not acknowledged selectively.
+    rtx_selective: bool,
     /// After a retransmission timeout, until the acknowledgements have told whether it was
     /// spurious (see [`Frto`]). A spurious timeout used to resend the whole flight, up to a
     /// window (128 datagrams of 64 KiB in a bulk transfer); now it costs one packet. A flight
@@ -228,6 +231,7 @@ impl TxStream {
             messages: VecDeque::new(),
             sacked: Vec::new(),
             rtx: None,
+            rtx_selective: false,
             frto: None,
             peer_window: 1,
             initial_rto: nanos(config.initial_rto),
@@ -296,6 +300,7 @@ impl TxStream {
         self.messages.clear();
         self.sacked.clear();
         self.rtx = None;
+        self.rtx_selective = false;
         timers.stop(Timer::RnrResume);
         timers.stop(Timer::Retransmit);
         timers.stop(Timer::TailProbe);
@@ -384,7 +389,19 @@ impl TxStream {
 
     /// The PSN to transmit next, if the window, the RNR pause and the retransmission cursor
     /// allow one.
+    #[cfg(test)]
     pub fn next_to_send(&mut self, now: Time, timers: &mut TimerTable) -> Option<Psn> {
+        self.next_to_send_judging(now, timers, |_| true)
+    }
+
+    /// [`Self::next_to_send`], where a selective retransmission (see
+    /// [`Self::resend_presumed_lost`]) skips the packets for which `presumed_lost` is false.
+    pub fn next_to_send_judging(
+        &mut self,
+        now: Time,
+        timers: &mut TimerTable,
+        presumed_lost: impl Fn(Psn) -> bool,
+    ) -> Option<Psn> {
         if let Some(until) = timers.get(Timer::RnrResume) {
             cold_path();
             if now < until {
@@ -411,7 +428,9 @@ impl TxStream {
             if cursor.before(self.snd_una) {
                 cursor = self.snd_una;
             }
-            while cursor.before(self.next_send) && self.is_sacked(cursor) {
+            while cursor.before(self.next_send)
+                && (self.is_sacked(cursor) || (self.rtx_selective && !presumed_lost(cursor)))
+            {
                 cursor = cursor.plus(1);
             }
             if cursor.before(self.next_send) {
@@ -419,6 +438,7 @@ impl TxStream {
                 return Some(cursor);
             }
             self.rtx = None;
+            self.rtx_selective = false;
         }
         self.next_new()
     }
@@ -561,6 +581,7 @@ impl TxStream {
         }
         self.tail_probed = true;
         self.rtx = Some(last);
+        self.rtx_selective = false;
         // A probe during F-RTO (an acknowledgement moved on, and nothing since) is a
         // retransmission decision of its own: the flight's end may be what was lost.
         self.frto = None;
@@ -718,6 +739,7 @@ impl TxStream {
                     // re-arms, or by the next timeout).
                     self.frto = Some(Frto::NewSent { budget: 2, timed });
                     self.rtx = None;
+                    self.rtx_selective = false;
                 }
             }
             Some(Frto::NewSent { timed, .. }) => {
@@ -734,6 +756,7 @@ impl TxStream {
     fn spurious_timeout(&mut self, timed: Timed) {
         self.frto = None;
         self.rtx = None;
+        self.rtx_selective = false;
         if let Timed::Answered(rtt) = timed {
             self.sample_rtt(rtt);
         }
@@ -871,9 +894,37 @@ impl TxStream {
         self.flight_answered(timers);
         // The peer is there and says what it misses: NAK recovery, not the timeout's.
         self.frto = None;
+        self.rtx_selective = false;
         if self.rtx.is_none_or(|c| psn.before(c)) {
             self.rtx = Some(psn);
         }
+    }
+
+    /// Over several paths: resends, from `psn` on, the packets the caller's judge (passed to
+    /// [`Self::next_to_send_judging`]) presumes lost, and none of the others, which may still
+    /// be on their way over a slower path. Unlike a NAK's go-back, what the peer acknowledged
+    /// selectively is kept: a receiver that throws stashed packets away again is caught by the
+    /// retransmission timeout, which forgets it and resends everything.
+    pub fn resend_presumed_lost(&mut self, psn: Psn, timers: &mut TimerTable) {
+        if psn.before(self.snd_una) || !psn.before(self.next_send) || self.is_sacked(psn) {
+            return;
+        }
+        self.flight_answered(timers);
+        self.frto = None;
+        match self.rtx {
+            // A go-back under way resends this too.
+            Some(_) if !self.rtx_selective => {}
+            Some(c) if !psn.before(c) => {}
+            _ => {
+                self.rtx = Some(psn);
+                self.rtx_selective = true;
+            }
+        }
+    }
+
+    /// Whether a retransmission is under way.
+    pub fn resending(&self) -> bool {
+        self.rtx.is_some()
     }
 
     /// The peer had no receive for the message at `psn`: pause, then resend it. Returns false
@@ -896,6 +947,7 @@ impl TxStream {
         self.flight_answered(timers);
         self.frto = None;
         self.rtx = Some(psn);
+        self.rtx_selective = false;
         let resume = now + delay;
         timers.set(Timer::RnrResume, resume);
         timers.set(Timer::Retransmit, resume.after_nanos(self.rto));
@@ -953,6 +1005,7 @@ impl TxStream {
         timers.set(Timer::Retransmit, now.after_nanos(self.rto));
         if self.has_unacked() {
             self.rtx = Some(self.snd_una);
+            self.rtx_selective = false;
             // A second timeout before the answer: the flight is lost, resend all of it.
             self.frto = match self.frto {
                 None if self.snd_una.before(self.next_send) => Some(Frto::Resent {
