@@ -575,6 +575,52 @@ fn bw_with_rails_uses_both_cables_to_the_peer() {
     assert!(err.contains("2 rails"), "{err}");
 }
 
+/// Two cables each slower than the host (a token bucket at 4 Gbit/s with a 2 MB queue in
+/// front, as a Thunderbolt cable's wire is slower than the CPU that feeds it), both engines:
+/// the transfer uses both cables, the queues never overflow (the UDP socket's send buffer says
+/// "wait" first), and the sender resends next to nothing. Before, each cable's gaps seen on
+/// the other (one queue a little longer than the other) were answered by resending everything
+/// after them: a fifth to a quarter of the datagrams went twice; and the 16 MiB send buffer let
+/// the queue overflow, dropping up to half. Skips without `tc` or the kernel's `tbf`.
+#[test]
+fn bw_over_two_cables_slower_than_the_host_resends_next_to_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(lab) = Lab::up("rl", 2, LabTopology::Pair, 2) else {
+        return;
+    };
+    if let Err(why) = lab.limit_rate("4gbit") {
+        eprintln!("skipping: {why}");
+        return;
+    }
+    for engine in ["sockets", "packet"] {
+        let args = [
+            "--engine", engine, "--rails", "--size", "1048576", "--iters", "300", "--verify",
+            "--json",
+        ];
+        let out = pair(&lab, "bw", &args);
+        let line = &json_lines(&out)[0];
+        check_bandwidth(line, "write", 1 << 20, Some(300));
+        let recovery = &line["recovery"];
+        let per_rail: Vec<u64> = recovery["rail_datagrams"]
+            .as_array()
+            .unwrap_or_else(|| panic!("datagrams per rail: {line}"))
+            .iter()
+            .map(|n| n.as_u64().expect("a count"))
+            .collect();
+        let total: u64 = per_rail.iter().sum();
+        assert!(
+            per_rail.len() == 2 && per_rail.iter().all(|&n| n > total / 4),
+            "{engine}: both cables carried the transfer: {line}"
+        );
+        let resent = recovery["retransmits"].as_u64().expect("retransmits");
+        assert!(
+            resent * 20 < total,
+            "{engine}: {resent} of {total} datagrams resent: {line}"
+        );
+    }
+    assert_eq!(lab.rate_limit_drops(), 0, "no cable's queue overflowed");
+}
+
 /// The packet engine sends its frames only to the peer's own Ethernet address, on every rail:
 /// never to the broadcast address, where every host on a shared segment would see the payload.
 /// Rail 1 is the case that broadcast before: the side channel runs over rail 0 only, so

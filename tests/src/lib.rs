@@ -172,6 +172,58 @@ pub fn faults_injected<'a>(outputs: impl IntoIterator<Item = &'a str>) -> [u64; 
 }
 
 impl Lab {
+    /// Makes every cable as slow as `rate` (tc's notation: `4gbit`) in each direction, with a
+    /// queue of about 2 MB in front of it: a token bucket (`tbf`) at the root of each end,
+    /// as a Thunderbolt cable is slower than the host that feeds it. veth alone is bound by the
+    /// CPUs that copy, never by a wire. Returns why not when `tc` or the kernel's `tbf` is
+    /// missing.
+    pub fn limit_rate(&self, rate: &str) -> Result<(), String> {
+        for rank in &self.hostfile.ranks {
+            let namespace = self.namespace(rank.rank);
+            for link in &rank.links {
+                let out = Command::new("ip")
+                    .args(["netns", "exec", &namespace, "tc", "qdisc", "replace", "dev"])
+                    .arg(&link.interface)
+                    .args([
+                        "root", "tbf", "rate", rate, "burst", "1mb", "latency", "2ms",
+                    ])
+                    .output()
+                    .map_err(|e| format!("cannot run tc ({e}; apt-get install iproute2)"))?;
+                if !out.status.success() {
+                    return Err(format!(
+                        "tc cannot add a token bucket to {}: {}",
+                        link.interface,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Datagrams the cables' token buckets (see [`Self::limit_rate`]) dropped for a full
+    /// queue, all ranks and cables together.
+    pub fn rate_limit_drops(&self) -> u64 {
+        let mut drops = 0;
+        for rank in &self.hostfile.ranks {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &self.namespace(rank.rank)])
+                .args(["tc", "-s", "qdisc", "show"])
+                .output()
+                .expect("run tc");
+            let text = String::from_utf8_lossy(&out.stdout);
+            // "Sent 123 bytes 4 pkt (dropped 5, overlimits 6 requeues 0)"
+            for part in text.split("(dropped ").skip(1) {
+                let n = part.split(',').next().unwrap_or("");
+                drops += n
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or_else(|_| panic!("tc's drop count: {text}"));
+            }
+        }
+        drops
+    }
+
     /// Makes every rank's kernel inflict `faults` on the UDP datagrams it sends (nftables in
     /// each namespace; the kernel here has no netem). Panics, naming the fix, when the `nft`
     /// tool is missing.
