@@ -1108,11 +1108,13 @@ impl Connection {
         let psn = self
             .tx
             .next_to_send_judging(now, &mut self.timers, |p| paths.presumed_lost(p))?;
-        self.last_path = self.paths.for_packet(psn, || self.tx.is_striped(psn));
         let header = self.header(Opcode::Send, psn, 0);
         let built = self
             .tx
             .build(psn, header, self.max_payload, buf, mem, gather_from);
+        let len = built.0 + built.1.map_or(0, |p| p.len);
+        let tx = &self.tx;
+        self.last_path = self.paths.for_packet(len, || tx.is_striped(psn));
         if self.tx.on_sent(psn, now, &mut self.timers) {
             self.stats.retransmits += 1;
         }

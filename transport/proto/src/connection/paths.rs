@@ -2,8 +2,10 @@
 //! cables. The engine tells the core how many there are and on which one each datagram
 //! arrived; the core says on which one each datagram leaves.
 //!
-//! Policy: the packets of a multi-packet message are striped round-robin (by PSN) over the
-//! paths that are up; everything else takes the first path that is up. A retransmission
+//! Policy: each packet of a multi-packet message goes on the path that is up and has carried the
+//! fewest bytes so far; everything else takes the first path that is up. (Round-robin by PSN
+//! put every message of two packets, a full one and a short tail, wholly on one path: 64 KiB
+//! WRITEs over two cables carried less than one cable.) A retransmission
 //! timeout marks down the path the oldest unacknowledged packet last went out on (never the
 //! last one up), so the retransmission and what follows go over the others. Which path that
 //! was is recorded when it is sent ([`SentOn`]): the up-set may have changed since, and
@@ -37,6 +39,8 @@ pub(super) struct Paths {
     next_probe: Vec<Time>,
     /// Datagrams sent per path.
     pub sent: Vec<u64>,
+    /// Bytes of sequenced packets sent per path (what striping balances).
+    bytes: Vec<u64>,
     /// Times a path was declared down.
     pub failovers: u64,
     /// How often a path that is down is probed.
@@ -130,6 +134,7 @@ impl Paths {
             up: vec![true],
             next_probe: vec![Time::ZERO],
             sent: vec![0],
+            bytes: vec![0],
             failovers: 0,
             probe_interval,
             sent_on: SentOn::default(),
@@ -142,6 +147,7 @@ impl Paths {
         self.up = vec![true; n];
         self.next_probe = vec![Time::ZERO; n];
         self.sent = vec![0; n];
+        self.bytes = vec![0; n];
         self.delivered = vec![0; n];
         self.rearm(timers);
     }
@@ -173,23 +179,23 @@ impl Paths {
         self.up.iter().position(|&u| u).unwrap_or(0)
     }
 
-    /// The path for the packet at `psn` (`striped`: whether it belongs to a multi-packet
-    /// message, asked only when several paths are up).
-    pub fn for_packet(&self, psn: Psn, striped: impl FnOnce() -> bool) -> usize {
+    /// The path for a sequenced packet of `len` bytes (`striped`: whether it belongs to a
+    /// multi-packet message, asked only when several paths are up), counted as sent on it.
+    pub fn for_packet(&mut self, len: usize, striped: impl FnOnce() -> bool) -> usize {
         if self.up.len() == 1 {
             return 0;
         }
-        let ups = self.up_count();
-        if ups <= 1 || !striped() {
-            return self.primary();
-        }
-        let nth = psn.0 as usize % ups;
-        self.up
-            .iter()
-            .enumerate()
-            .filter(|(_, u)| **u)
-            .nth(nth)
-            .map_or(0, |(i, _)| i)
+        let path = if self.up_count() <= 1 || !striped() {
+            self.primary()
+        } else {
+            // The least loaded path that is up (the first of equals).
+            (0..self.up.len())
+                .filter(|&p| self.up[p])
+                .min_by_key(|&p| self.bytes[p])
+                .unwrap_or(0)
+        };
+        self.bytes[path] = self.bytes[path].wrapping_add(len as u64);
+        path
     }
 
     /// Records that the sequenced packet `psn` went out on `path` (`snd_una`: the oldest
@@ -293,5 +299,29 @@ impl Paths {
             .filter(|&p| !self.up[p])
             .map(|p| self.next_probe[p])
             .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn striping_balances_bytes_when_messages_are_a_full_packet_and_a_short_tail() {
+        let mut timers = TimerTable::default();
+        let mut paths = Paths::new(Duration::from_millis(100));
+        paths.set_count(2, &mut timers);
+        let mut bytes = [0u64; 2];
+        // 64 KiB WRITEs: a full datagram and a tail of a hundred bytes each. By PSN parity
+        // every full one went on path 0.
+        for _ in 0..100 {
+            for len in [65_400, 136] {
+                bytes[paths.for_packet(len, || true)] += len as u64;
+            }
+        }
+        let (more, less) = (bytes[0].max(bytes[1]), bytes[0].min(bytes[1]));
+        assert!(more - less <= 65_400, "bytes per path: {bytes:?}");
+        // Single-packet messages stay on the first path.
+        assert_eq!(paths.for_packet(100, || false), 0);
     }
 }

@@ -1092,7 +1092,13 @@ fn a_slower_rail_is_reordering_not_loss() {
         stats.naks_for_reordering > 0,
         "the receiver reported gaps: {stats:?}"
     );
-    assert_eq!(stats.retransmits, 0, "nothing was lost: {stats:?}");
+    // (A tail loss probe may go when the last packet took the slower rail: it is not answered
+    // loss.)
+    assert_eq!(
+        stats.retransmits - stats.tail_probes,
+        0,
+        "nothing was lost: {stats:?}"
+    );
     assert_eq!(stats.timeouts, 0, "{stats:?}");
 }
 
