@@ -4,7 +4,7 @@ per engine and build, with the ratios the issue's targets name.
 
     cargo build --release -p tbrdma-cli                    # in each tree to compare
     sudo scripts/slow-cable-bw.py [--rates 4gbit,8gbit] [--rounds 3] [--engines sockets,packet]
-                                  [--seconds 2] TBRDMA [TBRDMA...]
+                                  [--seconds 2] [--size 1048576] TBRDMA [TBRDMA...]
 
 veth is bound by the CPUs that copy, never by a wire, and on a 2-vCPU host one cable already
 keeps both CPUs busy, so `--rails` and `--bidir` cannot show anything there. A Thunderbolt
@@ -15,8 +15,8 @@ latency 2ms`: about 2-3 MB of queue in front of the cable), or leaves it alone w
 round, in reversed order every other round. It prints each run (MiB/s, what the client resent,
 the queues' drops), then per rate, engine and build the median over rounds of one cable,
 `--rails` and `--bidir`, and their ratios to one cable (issue 16's targets: `--rails` at least
-1.8x, `--bidir` at least 1.6x). WRITE of 1 MiB, as the targets are stated. The lab is taken
-down at the end.
+1.8x, `--bidir` at least 1.6x). WRITEs of `--size` bytes (1 MiB, as the targets are stated).
+The lab is taken down at the end.
 """
 
 import argparse
@@ -71,8 +71,8 @@ def address(ns):
     return sorted(line.split()[3].split("/")[0] for line in out.splitlines())[0]
 
 
-def run(tbrdma, engine, mode, seconds, server_ip):
-    common = ["bw", "--op", "write", "--size", "1048576", "--duration", str(seconds),
+def run(tbrdma, engine, mode, seconds, size, server_ip):
+    common = ["bw", "--op", "write", "--size", str(size), "--duration", str(seconds),
               "--engine", engine, "--json"]
     if mode:
         common.append(mode)
@@ -97,6 +97,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--engines", default="sockets,packet")
     parser.add_argument("--seconds", type=float, default=2)
+    parser.add_argument("--size", type=int, default=1 << 20)
     parser.add_argument("builds", nargs="+")
     args = parser.parse_args()
     builds = [os.path.realpath(b) for b in args.builds]
@@ -111,7 +112,7 @@ def main():
                     for mode in ["", "--rails", "--bidir"]:
                         for build in order:
                             shape(rate)
-                            line = run(build, engine, mode, args.seconds, server_ip)
+                            line = run(build, engine, mode, args.seconds, args.size, server_ip)
                             lost = drops()
                             rec = line.get("recovery", {})
                             mib = line["bw_avg_mib_s"]
