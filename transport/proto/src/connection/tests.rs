@@ -993,6 +993,16 @@ fn write_after_read_does_not_overtake_it() {
     assert_eq!(diff, None, "{:?}", p.a.take_completions());
 }
 
+/// Drives `p` until its eight WRITEs of 1 MiB from `a` have completed, and checks that they
+/// succeeded and that `dst` holds `data`.
+fn drive_to_eight_written(p: &mut Pair, dst: &Region, data: &[u8]) {
+    assert!(p.drive(STEPS));
+    let wcs = p.a.take_completions();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    assert_eq!(wcs.len(), 8);
+    assert!(p.b.mem.bytes(dst, 0, 8 << 20) == data, "memory differs");
+}
+
 #[test]
 fn two_rails_stripe_and_survive_one_going_down() {
     let mut p = Pair::with_rails(
@@ -1021,14 +1031,7 @@ fn two_rails_stripe_and_survive_one_going_down() {
     p.drive_until(STEPS, |p| p.rail_stats(1).sent > 20);
     let now = p.now;
     p.rail_config_mut(1).outages.push((now, None));
-    assert!(p.drive(STEPS));
-    let wcs = p.a.take_completions();
-    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
-    assert_eq!(wcs.len(), 8);
-    assert!(
-        p.b.mem.bytes(&dst, 0, 8 << 20) == &data[..],
-        "memory differs"
-    );
+    drive_to_eight_written(&mut p, &dst, &data);
     let (sent, failovers) = p.a.conn.path_stats();
     assert!(
         sent[0] > 0 && sent[1] > 0,
@@ -1071,14 +1074,7 @@ fn stripe_over_a_slow_rail(skew: Duration, rail0_loss: f64, seed: u64) -> (crate
         })
         .unwrap();
     }
-    assert!(p.drive(STEPS));
-    let wcs = p.a.take_completions();
-    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
-    assert_eq!(wcs.len(), 8);
-    assert!(
-        p.b.mem.bytes(&dst, 0, 8 << 20) == &data[..],
-        "memory differs"
-    );
+    drive_to_eight_written(&mut p, &dst, &data);
     let lost = [p.rail_stats(0).lost, p.rail_stats(1).lost];
     (*p.a.conn.stats(), lost)
 }
