@@ -299,8 +299,7 @@ impl TxStream {
     pub fn clear(&mut self, timers: &mut TimerTable) {
         self.messages.clear();
         self.sacked.clear();
-        self.rtx = None;
-        self.rtx_selective = false;
+        self.stop_resending();
         timers.stop(Timer::RnrResume);
         timers.stop(Timer::Retransmit);
         timers.stop(Timer::TailProbe);
@@ -437,8 +436,7 @@ impl TxStream {
                 self.rtx = Some(cursor);
                 return Some(cursor);
             }
-            self.rtx = None;
-            self.rtx_selective = false;
+            self.stop_resending();
         }
         self.next_new()
     }
@@ -580,8 +578,7 @@ impl TxStream {
             return false;
         }
         self.tail_probed = true;
-        self.rtx = Some(last);
-        self.rtx_selective = false;
+        self.go_back_to(last);
         // A probe during F-RTO (an acknowledgement moved on, and nothing since) is a
         // retransmission decision of its own: the flight's end may be what was lost.
         self.frto = None;
@@ -738,8 +735,7 @@ impl TxStream {
                     // loss at the end of a transfer is found by the tail probe this progress
                     // re-arms, or by the next timeout).
                     self.frto = Some(Frto::NewSent { budget: 2, timed });
-                    self.rtx = None;
-                    self.rtx_selective = false;
+                    self.stop_resending();
                 }
             }
             Some(Frto::NewSent { timed, .. }) => {
@@ -755,8 +751,7 @@ impl TxStream {
     /// the packet timed when it fired gives its round trip (see [`Timed`]).
     fn spurious_timeout(&mut self, timed: Timed) {
         self.frto = None;
-        self.rtx = None;
-        self.rtx_selective = false;
+        self.stop_resending();
         if let Timed::Answered(rtt) = timed {
             self.sample_rtt(rtt);
         }
@@ -894,10 +889,9 @@ impl TxStream {
         self.flight_answered(timers);
         // The peer is there and says what it misses: NAK recovery, not the timeout's.
         self.frto = None;
-        self.rtx_selective = false;
-        if self.rtx.is_none_or(|c| psn.before(c)) {
-            self.rtx = Some(psn);
-        }
+        // (From the gap, or from where a resend under way has got to if that is earlier.)
+        let from = self.rtx.filter(|&c| !psn.before(c)).unwrap_or(psn);
+        self.go_back_to(from);
     }
 
     /// Over several paths: resends, from `psn` on, the packets the caller's judge (passed to
@@ -927,6 +921,19 @@ impl TxStream {
         self.rtx.is_some()
     }
 
+    /// Points the retransmission cursor at `psn`, to resend every packet from there that the
+    /// peer has not acknowledged selectively.
+    fn go_back_to(&mut self, psn: Psn) {
+        self.rtx = Some(psn);
+        self.rtx_selective = false;
+    }
+
+    /// Ends any retransmission (and with it a selective one's mode).
+    fn stop_resending(&mut self) {
+        self.rtx = None;
+        self.rtx_selective = false;
+    }
+
     /// The peer had no receive for the message at `psn`: pause, then resend it. Returns false
     /// when the receiver-not-ready budget is spent.
     pub fn on_rnr_nak(
@@ -946,8 +953,7 @@ impl TxStream {
         self.forget_sacks();
         self.flight_answered(timers);
         self.frto = None;
-        self.rtx = Some(psn);
-        self.rtx_selective = false;
+        self.go_back_to(psn);
         let resume = now + delay;
         timers.set(Timer::RnrResume, resume);
         timers.set(Timer::Retransmit, resume.after_nanos(self.rto));
@@ -1004,8 +1010,7 @@ impl TxStream {
         self.forget_sacks();
         timers.set(Timer::Retransmit, now.after_nanos(self.rto));
         if self.has_unacked() {
-            self.rtx = Some(self.snd_una);
-            self.rtx_selective = false;
+            self.go_back_to(self.snd_una);
             // A second timeout before the answer: the flight is lost, resend all of it.
             self.frto = match self.frto {
                 None if self.snd_una.before(self.next_send) => Some(Frto::Resent {
