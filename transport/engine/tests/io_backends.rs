@@ -214,6 +214,40 @@ fn many_small_datagrams_in_full_batches() {
     }
 }
 
+/// A receive call hands over a batch at most, however many wait: the engine transmits (its
+/// acknowledgements among others) and reads its other rails between calls. A sockets backend
+/// that drained its socket held every acknowledgement for milliseconds in a bulk transfer.
+#[test]
+fn a_receive_takes_a_batch_at_most_when_more_wait() {
+    const WAITING: usize = 300;
+    let ip = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let (tx_socket, rx_socket) = (socket_at(ip), socket_at(ip));
+    let to = rx_socket.local_addr().unwrap();
+    for i in 0..WAITING {
+        tx_socket.send_to(&payload(i, 100), to).expect("send");
+    }
+    let mut rx = backend(EngineKind::Sockets, rx_socket);
+    let (wake, _keep) = idle_wake();
+    let (mut total, mut calls, mut largest) = (0, 0, 0);
+    let start = Instant::now();
+    while total < WAITING {
+        assert!(start.elapsed() < HANG_GUARD, "{total} of {WAITING} arrived");
+        let got = rx.recv(&mut None, &mut |_, _| {}).expect("recv");
+        if got == 0 {
+            rx.wait(Duration::from_millis(100), wake.as_fd())
+                .expect("wait");
+        }
+        total += got;
+        calls += 1;
+        largest = largest.max(got);
+    }
+    assert_eq!(total, WAITING);
+    assert!(
+        largest <= 64,
+        "one call took {largest} of the {WAITING} datagrams waiting ({calls} calls)"
+    );
+}
+
 /// More datagrams wait than the provided-buffer ring holds: the multishot receive ends with
 /// ENOBUFS and must be re-armed without losing any.
 #[test]

@@ -480,7 +480,9 @@ pub trait DatagramIo: Send + std::fmt::Debug {
     /// of buffer space after a short retry is dropped and counted (the protocol retransmits it).
     fn send(&mut self, batch: &mut TxBatch) -> io::Result<()>;
 
-    /// Hands every datagram that has arrived to `deliver`, without blocking; returns how many.
+    /// Hands the datagrams that have arrived to `deliver`, at most a batch of them (the engine
+    /// transmits between calls, and a caller that finds some calls again), without blocking;
+    /// returns how many.
     /// A backend may receive the first one into `landing` (see [`Landing`]), and clears it
     /// when a datagram too long for the zone arrived there (that datagram is lost: the
     /// protocol resends it, then through the usual buffers).

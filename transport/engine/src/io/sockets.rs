@@ -552,9 +552,13 @@ impl DatagramIo for SocketIo {
             total += got;
             self.last_batch = got;
             self.sent_since_recv = false;
-            if single || got < BATCH {
-                return Ok(total);
-            }
+            // One batch per call, even when it came full and more wait: the engine transmits
+            // between calls, and reads the other rails. Draining the socket instead held every
+            // acknowledgement while a bulk transfer kept it full (a sender's first window of
+            // 8 MiB, 64 KiB datagrams, went unacknowledged for 2.2 ms, past its 1 ms timeout),
+            // and took a whole rail's queue before the next rail's, which reordered two rails
+            // past the receiver's stash (docs/performance.md, "One batch per receive").
+            return Ok(total);
         }
     }
 
