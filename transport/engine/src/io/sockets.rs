@@ -556,8 +556,8 @@ impl DatagramIo for SocketIo {
             // between calls, and reads the other rails. Draining the socket instead held every
             // acknowledgement while a bulk transfer kept it full (a sender's first window of
             // 8 MiB, 64 KiB datagrams, went unacknowledged for 2.2 ms, past its 1 ms timeout),
-            // and took a whole rail's queue before the next rail's, which reordered two rails
-            // past the receiver's stash (docs/performance.md, "One batch per receive").
+            // and read a whole rail's queue before the next rail's (docs/performance.md, "One
+            // batch per receive").
             return Ok(total);
         }
     }
