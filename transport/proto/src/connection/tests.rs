@@ -1047,9 +1047,15 @@ fn two_rails_stripe_and_survive_one_going_down() {
     assert!(p.a.conn.path_is_up(1), "rail 1 back up after probing");
 }
 
-/// Eight 1 MiB WRITEs striped over two rails, rail 1 `skew` slower than rail 0 and
-/// `rail0_loss` of rail 0's datagrams lost; returns the sender's statistics and its link's.
-fn stripe_over_a_slow_rail(skew: Duration, rail0_loss: f64, seed: u64) -> (crate::Stats, [u64; 2]) {
+/// `count` WRITEs of `1 << shift` bytes striped over two rails, rail 1 `skew` slower than rail
+/// 0 and `rail0_loss` of rail 0's datagrams lost; checks that all complete and land, and
+/// returns the sender's statistics and what each rail lost.
+fn stripe_over_a_slow_rail(
+    (count, shift): (u64, u32),
+    skew: Duration,
+    rail0_loss: f64,
+    seed: u64,
+) -> (crate::Stats, [u64; 2]) {
     let mut p = Pair::with_rails(
         PairConfig {
             seed,
@@ -1060,30 +1066,38 @@ fn stripe_over_a_slow_rail(skew: Duration, rail0_loss: f64, seed: u64) -> (crate
     assert_eq!(p.a.conn.state(), ConnectionState::Established);
     p.rail_config_mut(1).latency += skew;
     p.rail_config_mut(0).loss = rail0_loss;
-    let src = p.a.mem.alloc(8 << 20, Access::LOCAL_WRITE);
-    let dst = p.b.mem.alloc(8 << 20, RW);
-    let data = pattern(8 << 20, 11);
+    let len = (count << shift) as usize;
+    let src = p.a.mem.alloc(len, Access::LOCAL_WRITE);
+    let dst = p.b.mem.alloc(len, RW);
+    let data = pattern(len, 11);
     p.a.mem.fill(&src, 0, &data);
-    for i in 0..8u64 {
+    for i in 0..count {
         p.a.post_send(SendWr {
             wr_id: i,
-            local: sge(&src, i << 20, 1 << 20),
+            local: sge(&src, i << shift, 1 << shift),
             op: SendOp::Write {
-                remote: remote(&dst, i << 20),
+                remote: remote(&dst, i << shift),
             },
         })
         .unwrap();
     }
-    drive_to_eight_written(&mut p, &dst, &data);
+    assert!(p.drive(STEPS));
+    let wcs = p.a.take_completions();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    assert_eq!(wcs.len() as u64, count);
+    assert!(p.b.mem.bytes(&dst, 0, len) == data, "memory differs");
     let lost = [p.rail_stats(0).lost, p.rail_stats(1).lost];
     (*p.a.conn.stats(), lost)
 }
+
+/// Eight WRITEs of 1 MiB: 16 full packets each.
+const EIGHT_MIB: (u64, u32) = (8, 20);
 
 #[test]
 fn a_slower_rail_is_reordering_not_loss() {
     // Rail 1 a quarter of a millisecond behind rail 0: the receiver sees gaps at every message
     // boundary and reports them, and each is a packet still on rail 1.
-    let (stats, _) = stripe_over_a_slow_rail(Duration::from_micros(250), 0.0, 5);
+    let (stats, _) = stripe_over_a_slow_rail(EIGHT_MIB, Duration::from_micros(250), 0.0, 5);
     assert!(
         stats.naks_for_reordering > 0,
         "the receiver reported gaps: {stats:?}"
@@ -1106,7 +1120,8 @@ fn a_loss_on_the_faster_rail_is_not_answered_by_resending_the_slower_one() {
     // packet on the same rail shows lost, 1-277. (Most of those are datagrams the receiver
     // itself dropped while its stash of early packets was full.)
     for seed in 0..4 {
-        let (stats, lost) = stripe_over_a_slow_rail(Duration::from_micros(250), 0.02, seed);
+        let (stats, lost) =
+            stripe_over_a_slow_rail(EIGHT_MIB, Duration::from_micros(250), 0.02, seed);
         assert!(lost[0] > 0, "seed {seed}: rail 0 lost datagrams");
         assert!(
             stats.retransmits < 3 * 128,
@@ -1114,6 +1129,24 @@ fn a_loss_on_the_faster_rail_is_not_answered_by_resending_the_slower_one() {
             stats.retransmits
         );
     }
+}
+
+#[test]
+fn a_tail_probe_on_the_slower_rail_is_no_sign_of_loss_on_it() {
+    // Half a millisecond of skew: the tail probe fires before rail 1's packets arrive and
+    // goes out on rail 1. When the first copy of the probed packet arrives, it is no sign
+    // that the packets sent on rail 1 before the probe are lost: they may be behind it, and
+    // were. Counting it as one resent 596 packets of these 256. (The links are lossless, so
+    // the seed changes nothing.)
+    // 128 WRITEs of 64 KiB: a full packet and a short tail each, one on each rail.
+    let (stats, _) = stripe_over_a_slow_rail((128, 16), Duration::from_micros(500), 0.0, 0);
+    assert!(stats.tail_probes > 0, "a probe went: {stats:?}");
+    assert_eq!(
+        stats.retransmits - stats.tail_probes,
+        0,
+        "nothing was lost: {stats:?}"
+    );
+    assert_eq!(stats.timeouts, 0, "{stats:?}");
 }
 
 #[test]
@@ -2507,57 +2540,4 @@ fn the_last_packet_of_a_message_is_placed_after_all_the_others() {
     assert!(p.drive(STEPS));
     assert_eq!(only(p.a.take_completions()).status, WcStatus::Success);
     assert_eq!(p.a.conn.stats().retransmits, 0);
-}
-
-/// 128 WRITEs of 64 KiB (a full packet and a short tail each, one on each rail) striped over
-/// two rails, rail 1 `skew` slower than rail 0; returns the sender's statistics.
-fn small_writes_over_a_slow_rail(skew: Duration, seed: u64) -> crate::Stats {
-    const N: u64 = 128;
-    let mut p = Pair::with_rails(
-        PairConfig {
-            seed,
-            ..PairConfig::default()
-        },
-        2,
-    );
-    assert_eq!(p.a.conn.state(), ConnectionState::Established);
-    p.rail_config_mut(1).latency += skew;
-    let len = (N << 16) as usize;
-    let src = p.a.mem.alloc(len, Access::LOCAL_WRITE);
-    let dst = p.b.mem.alloc(len, RW);
-    let data = pattern(len, 3);
-    p.a.mem.fill(&src, 0, &data);
-    for i in 0..N {
-        p.a.post_send(SendWr {
-            wr_id: i,
-            local: sge(&src, i << 16, 1 << 16),
-            op: SendOp::Write {
-                remote: remote(&dst, i << 16),
-            },
-        })
-        .unwrap();
-    }
-    assert!(p.drive(STEPS));
-    let wcs = p.a.take_completions();
-    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
-    assert_eq!(wcs.len(), N as usize);
-    assert!(p.b.mem.bytes(&dst, 0, len) == data, "memory differs");
-    *p.a.conn.stats()
-}
-
-#[test]
-fn a_tail_probe_on_the_slower_rail_is_no_sign_of_loss_on_it() {
-    // Half a millisecond of skew: the tail probe fires before rail 1's packets arrive and
-    // goes out on rail 1. When the first copy of the probed packet arrives, it is no sign
-    // that the packets sent on rail 1 before the probe are lost: they may be behind it, and
-    // were. Counting it as one resent 596 packets of these 256. (The links are lossless, so
-    // the seed changes nothing.)
-    let stats = small_writes_over_a_slow_rail(Duration::from_micros(500), 0);
-    assert!(stats.tail_probes > 0, "a probe went: {stats:?}");
-    assert_eq!(
-        stats.retransmits - stats.tail_probes,
-        0,
-        "nothing was lost: {stats:?}"
-    );
-    assert_eq!(stats.timeouts, 0, "{stats:?}");
 }
