@@ -136,7 +136,8 @@ impl RxStream {
     }
 
     /// Keeps an early packet (the datagram `datagram` followed by `tail`, in one piece); false
-    /// when the stash already holds `limit` packets, or this one.
+    /// when the stash already holds `limit` packets. A packet it holds already is not kept
+    /// twice (true).
     fn stash(
         &mut self,
         limit: usize,
