@@ -1102,6 +1102,19 @@ struct Striped {
 
 /// Eight WRITEs of 1 MiB: 16 full packets each.
 const EIGHT_MIB: (u64, u32) = (8, 20);
+/// 128 WRITEs of 64 KiB: a full packet and a short tail each, one on each rail.
+const SMALL_WRITES: (u64, u32) = (128, 16);
+
+/// Over lossless rails: nothing was resent but tail probes (a probe may go when the last
+/// packet took the slower rail: it is not answered loss), and no timeout fired.
+fn assert_nothing_resent_but_probes(stats: &crate::Stats) {
+    assert_eq!(
+        stats.retransmits - stats.tail_probes,
+        0,
+        "nothing was lost: {stats:?}"
+    );
+    assert_eq!(stats.timeouts, 0, "{stats:?}");
+}
 
 #[test]
 fn a_slower_rail_is_reordering_not_loss() {
@@ -1112,14 +1125,7 @@ fn a_slower_rail_is_reordering_not_loss() {
         stats.naks_for_reordering > 0,
         "the receiver reported gaps: {stats:?}"
     );
-    // (A tail loss probe may go when the last packet took the slower rail: it is not answered
-    // loss.)
-    assert_eq!(
-        stats.retransmits - stats.tail_probes,
-        0,
-        "nothing was lost: {stats:?}"
-    );
-    assert_eq!(stats.timeouts, 0, "{stats:?}");
+    assert_nothing_resent_but_probes(&stats);
 }
 
 #[test]
@@ -1151,15 +1157,9 @@ fn a_tail_probe_on_the_slower_rail_is_no_sign_of_loss_on_it() {
     // that the packets sent on rail 1 before the probe are lost: they may be behind it, and
     // were. Counting it as one resent 596 packets of these 256. (The links are lossless, so
     // the seed changes nothing.)
-    // 128 WRITEs of 64 KiB: a full packet and a short tail each, one on each rail.
-    let stats = stripe_over_a_slow_rail((128, 16), Duration::from_micros(500), 0.0, 0).sender;
+    let stats = stripe_over_a_slow_rail(SMALL_WRITES, Duration::from_micros(500), 0.0, 0).sender;
     assert!(stats.tail_probes > 0, "a probe went: {stats:?}");
-    assert_eq!(
-        stats.retransmits - stats.tail_probes,
-        0,
-        "nothing was lost: {stats:?}"
-    );
-    assert_eq!(stats.timeouts, 0, "{stats:?}");
+    assert_nothing_resent_but_probes(&stats);
 }
 
 #[test]
@@ -1170,14 +1170,13 @@ fn two_rails_hold_early_packets_for_each_rail() {
     // nothing.)
     let Striped {
         sender, receiver, ..
-    } = stripe_over_a_slow_rail((128, 16), Duration::from_millis(1), 0.0, 0);
+    } = stripe_over_a_slow_rail(SMALL_WRITES, Duration::from_millis(1), 0.0, 0);
     assert!(
         receiver.out_of_order_stashed > 32,
         "more than 32 came early: {receiver:?}"
     );
     assert_eq!(receiver.out_of_order_dropped, 0, "{receiver:?}");
-    assert_eq!(sender.retransmits - sender.tail_probes, 0, "{sender:?}");
-    assert_eq!(sender.timeouts, 0, "{sender:?}");
+    assert_nothing_resent_but_probes(&sender);
 }
 
 #[test]
